@@ -1,0 +1,18 @@
+"""Typed events: the contract between stages. Import events from here."""
+from schemas.admission import RequestAdmitted, RequestRefused
+from schemas.base import Event, id_time_ms, new_id
+from schemas.codec import ALL_EVENTS, decode, encode
+from schemas.deadletter import EventDeadLettered
+from schemas.errors import EventDecodeError, MalformedEvent, UnsupportedVersion
+from schemas.gateway import CancelRequested, MessageSubmitted
+from schemas.prompt import PromptBuilt
+from schemas.scheduler import GenerationQueued, GenerationRequested
+from schemas.settlement import UsageRecorded
+from schemas.worker import GenerationFinished, GenerationStarted, TokensAppended, Usage
+
+__all__ = [
+    "ALL_EVENTS", "CancelRequested", "Event", "EventDeadLettered", "EventDecodeError", "GenerationFinished",
+    "GenerationQueued", "GenerationRequested", "GenerationStarted", "MalformedEvent", "MessageSubmitted",
+    "PromptBuilt", "RequestAdmitted", "RequestRefused", "TokensAppended", "UnsupportedVersion", "Usage",
+    "UsageRecorded", "decode", "encode", "id_time_ms", "new_id",
+]

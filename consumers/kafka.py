@@ -1,0 +1,68 @@
+"""The transport every stage shares: typed produce, decode-or-dead-letter, clients tuned for latency.
+
+A record that cannot be decoded is never fatal and never silently dropped: it is
+wrapped whole in ``EventDeadLettered`` on the dead-letter topic and its offset
+moves on.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+
+from schemas import ALL_EVENTS, Event, EventDeadLettered, EventDecodeError, decode, encode
+from topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:
+    options: dict[str, Any] = dict(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=0,  # tokens are latency-bound; batching happens per engine step upstream
+        compression_type=None,
+    )
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+def make_consumer(bootstrap: str, *topic_names: str, group_id: str | None, **overrides: Any) -> AIOKafkaConsumer:
+    options: dict[str, Any] = dict(
+        bootstrap_servers=bootstrap,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=10,  # a stage waits for work, not for a full fetch
+        isolation_level="read_uncommitted",
+    )
+    options.update(overrides)
+    return AIOKafkaConsumer(*topic_names, **options)
+
+
+async def send(producer: AIOKafkaProducer, topic: str, event: Event, key: str) -> Any:
+    """Produce and wait for the broker's ack; returns the record metadata (offset, partition)."""
+    return await producer.send_and_wait(topic, encode(event), key=key.encode())
+
+
+async def decode_or_deadletter(record: ConsumerRecord, producer: AIOKafkaProducer, topics: Topics, group: str,
+                               types: tuple[type[Event], ...] = ALL_EVENTS) -> Event | None:
+    """The event in ``record``, or None after the record has been dead-lettered."""
+    try:
+        return decode(record.value, types)
+    except EventDecodeError as exc:
+        await deadletter(record, producer, topics, group, str(exc))
+        return None
+
+
+async def deadletter(record: ConsumerRecord, producer: AIOKafkaProducer, topics: Topics, group: str,
+                     error: str) -> None:
+    raw = record.value.decode("utf-8", "replace") if record.value is not None else ""
+    key = record.key.decode("utf-8", "replace") if record.key is not None else None
+    event = EventDeadLettered(source_topic=record.topic, partition=record.partition, offset=record.offset,
+                              key=key, raw=raw, error=error, consumer_group=group)
+    await send(producer, topics.deadletter, event, key=record.topic)
+    log.warning("dead-lettered %s[%d]@%d for group %s: %s", record.topic, record.partition, record.offset,
+                group, error)

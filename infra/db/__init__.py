@@ -1,0 +1,1 @@
+"""Cassandra access: a session with an asyncio bridge, and one repository per table family."""

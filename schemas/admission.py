@@ -1,0 +1,42 @@
+"""Admission's decisions: a request admitted with its reservation, or refused at once."""
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.base import Event
+from schemas.gateway import Plan
+
+
+class RequestAdmitted(Event, frozen=True, kw_only=True):
+    """Budget reserved (prompt estimate + reply cap); topic ``chat.admitted``."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    plan: Plan
+    message_id: str
+    client_message_id: str
+    content: str
+    pool: str
+    parent_id: str | None = None
+    regenerate: bool = False
+    reply_cap: int
+    reserved_tokens: int
+    route_reason: str = "default"  # why this pool: default, requested, classifier
+
+
+RefusalReason = Literal[
+    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long"
+]
+
+
+class RequestRefused(Event, frozen=True, kw_only=True):
+    """A request that will not be generated, with a message a person can act on; ``chat.tokens``."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    reason: RefusalReason
+    message: str
+    status: int = 429
+    retry_after_s: float | None = None

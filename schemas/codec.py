@@ -1,0 +1,59 @@
+"""Bytes <-> events, one codec for aiokafka producers/consumers and faust agents.
+
+``decode`` raises ``MalformedEvent`` or ``UnsupportedVersion`` (both
+``EventDecodeError``) so a consumer can dead-letter the record and move on.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Union
+
+import msgspec
+
+from schemas.admission import RequestAdmitted, RequestRefused
+from schemas.base import Event
+from schemas.deadletter import EventDeadLettered
+from schemas.errors import MalformedEvent, UnsupportedVersion
+from schemas.gateway import CancelRequested, MessageSubmitted
+from schemas.prompt import PromptBuilt
+from schemas.scheduler import GenerationQueued, GenerationRequested
+from schemas.settlement import UsageRecorded
+from schemas.worker import GenerationFinished, GenerationStarted, TokensAppended
+
+ALL_EVENTS: tuple[type[Event], ...] = (
+    MessageSubmitted,
+    CancelRequested,
+    RequestAdmitted,
+    RequestRefused,
+    PromptBuilt,
+    GenerationQueued,
+    GenerationRequested,
+    GenerationStarted,
+    TokensAppended,
+    GenerationFinished,
+    UsageRecorded,
+    EventDeadLettered,
+)
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+@lru_cache(maxsize=None)
+def _decoder(types: tuple[type[Event], ...]) -> msgspec.json.Decoder[Any]:
+    target: Any = types[0] if len(types) == 1 else Union[types]  # noqa: UP007 - runtime union of classes
+    return msgspec.json.Decoder(target)
+
+
+def decode(data: bytes | str, types: tuple[type[Event], ...] = ALL_EVENTS) -> Event:
+    """Decode one record into one of ``types``; raise a specific error otherwise."""
+    try:
+        event: Event = _decoder(types).decode(data)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+        raise MalformedEvent(str(exc)) from exc
+    if event.v != type(event).VERSION:
+        raise UnsupportedVersion(type(event).__name__, event.v, type(event).VERSION)
+    return event

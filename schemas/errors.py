@@ -1,0 +1,18 @@
+"""Errors raised while turning bytes into events."""
+from __future__ import annotations
+
+
+class EventDecodeError(ValueError):
+    """A record could not become an event; consumers dead-letter it instead of crashing."""
+
+
+class MalformedEvent(EventDecodeError):
+    """Not JSON, not an object, an unknown type, or a field of the wrong shape."""
+
+
+class UnsupportedVersion(EventDecodeError):
+    """A known event type at a schema version this code does not understand."""
+
+    def __init__(self, type_name: str, version: int, supported: int) -> None:
+        super().__init__(f"{type_name} v{version} is not supported (this build reads v{supported})")
+        self.type_name, self.version, self.supported = type_name, version, supported

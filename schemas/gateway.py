@@ -1,0 +1,34 @@
+"""Events the HTTP gateway puts into the pipeline."""
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.base import Event
+
+Plan = Literal["free", "paid"]
+
+
+class MessageSubmitted(Event, frozen=True, kw_only=True):
+    """A user sent a message (or asked to regenerate a reply); topic ``chat.requests``."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    plan: Plan
+    message_id: str  # the user message; for a regenerate, the existing one
+    client_message_id: str
+    content: str
+    pool: str | None = None  # requested model pool; None = the default
+    parent_id: str | None = None  # set for a regenerate: the user message being answered again
+    regenerate: bool = False
+    max_tokens: int | None = None
+    gateway_id: str = ""
+
+
+class CancelRequested(Event, frozen=True, kw_only=True):
+    """Stop a generation: a user pressed stop, or nobody has read it for a while; ``chat.control``."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    reason: Literal["user", "abandoned", "overflow"] = "user"

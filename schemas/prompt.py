@@ -1,0 +1,24 @@
+"""The prompt build stage's output: token ids ready for an engine."""
+from __future__ import annotations
+
+from schemas.base import Event
+from schemas.gateway import Plan
+
+
+class PromptBuilt(Event, frozen=True, kw_only=True):
+    """User message saved, history fitted to the budget; topic ``chat.prompts``."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    plan: Plan
+    pool: str
+    user_message_id: str
+    assistant_message_id: str
+    turn: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    reserved_tokens: int
+    turns_kept: int = 0
+    summary_used: bool = False
+    route_reason: str = "default"

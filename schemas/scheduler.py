@@ -1,0 +1,45 @@
+"""The queue per plan: what it tells the client and what it hands a worker."""
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.base import Event
+from schemas.gateway import Plan
+
+Lane = Literal["paid", "free"]
+Purpose = Literal["reply", "title", "summary"]
+
+
+class GenerationQueued(Event, frozen=True, kw_only=True):
+    """Where a request stands in its lane; topic ``chat.tokens`` (relayed as a ``queued`` SSE event)."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    pool: str
+    model: str
+    lane: Lane
+    position: int
+    estimated_wait_s: float
+    message_id: str = ""
+
+
+class GenerationRequested(Event, frozen=True, kw_only=True):
+    """Work for one worker pool; topic ``generate.<pool>.<lane>``, keyed by conversation."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    plan: Plan
+    pool: str
+    lane: Lane
+    prompt_token_ids: list[int]
+    max_tokens: int
+    priority: int = 0  # lower runs first (vLLM's convention)
+    message_id: str = ""  # the assistant message this generation writes
+    turn: int = 0
+    parent_id: str | None = None
+    purpose: Purpose = "reply"
+    reserved_tokens: int = 0
+    route_reason: str = "default"
+    enqueued_at: float = 0.0

@@ -1,0 +1,70 @@
+"""What a generation worker appends: start, token batches, finish."""
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from schemas.base import Event
+from schemas.gateway import Plan
+from schemas.scheduler import Purpose
+
+Status = Literal["complete", "stopped", "length", "failed"]
+
+
+class GenerationStarted(Event, frozen=True, kw_only=True):
+    """The first token exists; topic ``chat.tokens``."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    message_id: str
+    model: str
+    pool: str
+    worker_id: str
+    first_token_at: float
+    prompt_tokens: int
+    cached_prompt_tokens: int = 0
+    resumed: bool = False
+
+
+class TokensAppended(Event, frozen=True, kw_only=True):
+    """The tokens one engine step made for one sequence; topic ``chat.tokens``."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    seq: int  # per generation, from 0, no gaps
+    text: str
+    token_ids: list[int]
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+
+class GenerationFinished(Event, frozen=True, kw_only=True):
+    """A reply ended; on ``chat.tokens`` (for readers) and ``chat.replies`` (for settlement, persistence)."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    plan: Plan
+    message_id: str
+    turn: int = 0
+    parent_id: str | None = None
+    status: Status
+    text: str
+    usage: Usage
+    model: str
+    pool: str
+    worker_id: str
+    last_seq: int = -1
+    reason: str = ""  # why it failed, for a person
+    purpose: Purpose = "reply"
+    reserved_tokens: int = 0
+    route_reason: str = "default"
+    started_at: float = 0.0
+    first_token_at: float = 0.0

@@ -1,0 +1,70 @@
+"""Session-scoped real services, isolated per test by topic prefix and per run by keyspace."""
+from __future__ import annotations
+
+import os
+import uuid
+from contextlib import ExitStack
+from typing import AsyncIterator, Iterator
+
+import pytest
+
+from infra.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def stack_settings() -> Iterator[Settings]:
+    """The running stack (started by the project's infra code if needed), with a keyspace for this run."""
+    from infra.cql.migrate import apply
+    from tests.services import provide
+
+    with ExitStack() as stack:
+        base = provide(stack)
+        settings = base.with_(keyspace=os.environ.get("PARLEY_TEST_KEYSPACE", "parley_test"))
+        apply(settings)
+        yield settings
+
+
+@pytest.fixture
+async def topic_prefix(stack_settings: Settings) -> str:
+    """Every catalogue topic, created fresh under a prefix unique to this test."""
+    from topics.admin import ensure_topics_async
+
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    await ensure_topics_async(stack_settings.kafka_bootstrap, prefix)
+    return prefix
+
+
+@pytest.fixture
+def settings(stack_settings: Settings, topic_prefix: str) -> Settings:
+    return stack_settings.with_(topic_prefix=topic_prefix)
+
+
+@pytest.fixture(scope="session")
+def cassandra_session(stack_settings: Settings) -> Iterator[object]:
+    from infra.db.session import connect
+
+    cluster, session = connect(stack_settings)
+    yield session
+    cluster.shutdown()
+
+
+@pytest.fixture
+def db(cassandra_session: object) -> object:
+    from infra.db.session import AsyncSession
+
+    return AsyncSession(cassandra_session)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def redis_client(stack_settings: Settings) -> AsyncIterator[object]:
+    import redis.asyncio as redis
+
+    client = redis.Redis.from_url(stack_settings.redis_url)
+    yield client
+    await client.aclose()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration" in str(item.fspath) or "tests/e2e" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
