@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("infra.stack_cli", "show each service's address and version; exit 0 only when all answer"),
     "topics": ("topics.cli", "create missing topics and correct partitions/retention"),
     "migrate": ("infra.cql.cli", "apply the versioned CQL migrations"),
+    "user": ("infra.db.cli", "manage accounts: `parley user create --plan free|paid` prints a token"),
     "capacity": ("infra.capacity", "the seed's capacity model, with your own inputs"),
     "lab": ("infra.lab.cli", "the batching lab: simulate one replica and the fleet spike"),
 }

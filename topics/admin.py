@@ -47,15 +47,20 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
     return {d["topic"]: len(d["partitions"]) for d in described}
 
 
+async def _current_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    current: dict[str, dict[str, str]] = {}
+    for response in responses:
+        # each resource: (error_code, error_message, resource_type, resource_name, config_entries)
+        for resource in response.resources:
+            current[resource[3]] = {entry[0]: entry[1] for entry in resource[4]}
+    return current
+
+
 async def _misconfigured(admin: AIOKafkaAdminClient, topics: dict[str, Topic]) -> list[str]:
     if not topics:
         return []
-    resources = [ConfigResource(ConfigResourceType.TOPIC, n) for n in topics]
-    responses = await admin.describe_configs(resources)
-    current: dict[str, dict[str, str]] = {}
-    for response in responses:
-        for _err, _msg, _type, name, entries in response.resources:
-            current[name] = {e[0]: e[1] for e in entries}
+    current = await _current_configs(admin, list(topics))
     wrong = [n for n, t in topics.items() if any(current.get(n, {}).get(k) != v for k, v in t.config.items())]
     if wrong:
         # Non-incremental AlterConfigs replaces a topic's whole config set, so send all we manage.

@@ -1,0 +1,78 @@
+"""Repository round trips against the real Cassandra, in the test run's keyspace."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from infra.cql.migrate import apply
+from infra.db.accounts import Accounts, hash_token
+from infra.db.conversations import Conversations, Message
+from infra.db.records import Records, Summary, UsageDay
+from infra.settings import Settings
+from schemas import new_id
+
+
+async def test_user_and_token_round_trip(db) -> None:  # type: ignore[no-untyped-def]
+    accounts = Accounts(db)
+    user, token = await accounts.create_user("paid", "Ada")
+    found = await accounts.user_for_token(token)
+    assert found == user and found.plan == "paid"
+    assert await accounts.user_for_token(token + "x") is None
+    rows = await db.execute("SELECT token_hash FROM api_tokens WHERE token_hash = ?", (hash_token(token),))
+    assert rows and rows[0].token_hash != token  # stored hashed, never in clear
+
+
+async def test_conversations_list_newest_first_with_cursor(db) -> None:  # type: ignore[no-untyped-def]
+    convs = Conversations(db)
+    user = new_id()
+    made = [await convs.create(user) for _ in range(5)]
+    # touch the oldest: it must move to the top, and appear once
+    top = await convs.touch(made[0], datetime.now(timezone.utc) + timedelta(seconds=5), title="First")
+    page1, cursor = await convs.list_for_user(user, limit=3)
+    assert [c.conversation_id for c in page1][0] == top.conversation_id and page1[0].title == "First"
+    page2, _ = await convs.list_for_user(user, cursor=cursor, limit=3)
+    listed = [c.conversation_id for c in page1 + page2]
+    assert sorted(listed) == sorted(c.conversation_id for c in made) and len(set(listed)) == 5
+    assert [c.updated_at for c in page1 + page2] == sorted((c.updated_at for c in page1 + page2), reverse=True)
+
+
+async def test_messages_with_siblings_and_overwrite_on_retry(db) -> None:  # type: ignore[no-untyped-def]
+    convs = Conversations(db)
+    conv = await convs.create(new_id())
+    cid = conv.conversation_id
+    user_msg = Message(cid, 0, new_id(), "user", "hi", tokens_in=3)
+    first = Message(cid, 0, new_id(), "assistant", "hel", status="streaming", parent_id=user_msg.message_id)
+    await convs.save_message(user_msg)
+    await convs.save_message(first)
+    await convs.save_message(Message(cid, 0, first.message_id, "assistant", "hello", status="complete",
+                                     tokens_out=2, parent_id=user_msg.message_id, model="m"))
+    sibling = Message(cid, 0, new_id(), "assistant", "hey", status="complete", parent_id=user_msg.message_id)
+    await convs.save_message(sibling)
+    messages = await convs.all_messages(cid)
+    assert [m.role for m in messages] == ["user", "assistant", "assistant"]
+    assert messages[1].content == "hello" and messages[1].status == "complete"  # overwritten, not duplicated
+    assert {m.parent_id for m in messages[1:]} == {user_msg.message_id}
+
+
+async def test_client_message_claim_is_first_wins(db) -> None:  # type: ignore[no-untyped-def]
+    convs = Conversations(db)
+    cid = new_id()
+    first = await convs.claim_client_message(cid, "cm-1", "gen-a", "msg-a", 0)
+    second = await convs.claim_client_message(cid, "cm-1", "gen-b", "msg-b", 1)
+    assert first.created and not second.created
+    assert (second.generation_id, second.message_id, second.turn) == ("gen-a", "msg-a", 0)
+
+
+async def test_usage_and_summary_round_trip(db) -> None:  # type: ignore[no-untyped-def]
+    records = Records(db)
+    user = new_id()
+    await records.put_usage_day(UsageDay(user, "2026-11-29", 10, 20, 5, 1))
+    await records.put_usage_day(UsageDay(user, "2026-11-29", 15, 30, 5, 2))  # absolute values: overwrite
+    assert await records.usage_day(user, "2026-11-29") == UsageDay(user, "2026-11-29", 15, 30, 5, 2)
+    cid = new_id()
+    await records.save_summary(Summary(cid, 3, "older turns", 4))
+    await records.save_summary(Summary(cid, 7, "more turns", 6))
+    assert (await records.latest_summary(cid)).upto_turn == 7  # type: ignore[union-attr]
+
+
+def test_migrations_apply_once(stack_settings: Settings) -> None:
+    assert apply(stack_settings) == []  # the fixture already applied them; a rerun changes nothing

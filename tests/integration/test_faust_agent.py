@@ -1,0 +1,46 @@
+"""The same typed events through a faust agent: decode with the shared codec, emit a typed event."""
+from __future__ import annotations
+
+import asyncio
+
+from consumers.kafka import make_consumer, make_producer, send
+from infra.settings import Settings
+from schemas import GenerationFinished, RequestAdmitted, Usage, decode, new_id
+from streams.app import make_app, topic
+from topics import Topics
+
+
+async def test_faust_agent_reads_and_writes_typed_events(settings: Settings) -> None:
+    topics = Topics(settings.topic_prefix)
+    app = make_app("faust-echo", settings)
+    replies = topic(app, topics, "replies")
+    out = topic(app, topics, "admitted")
+    seen: list[GenerationFinished] = []
+
+    @app.agent(replies)
+    async def echo(stream):  # type: ignore[no-untyped-def]
+        async for event in stream:
+            seen.append(event)
+            await out.send(key=event.conversation_id.encode(), value=RequestAdmitted(
+                generation_id=event.generation_id, conversation_id=event.conversation_id, user_id=event.user_id,
+                plan=event.plan, message_id=event.message_id, client_message_id="x", content="",
+                pool=event.pool, reply_cap=1, reserved_tokens=1))
+
+    producer = make_producer(settings.kafka_bootstrap)
+    reader = make_consumer(settings.kafka_bootstrap, topics.admitted, group_id=None)
+    await producer.start()
+    await reader.start()
+    await app.start()
+    try:
+        finished = GenerationFinished(generation_id=new_id(), conversation_id="c", user_id="u", plan="free",
+                                      message_id="m", status="complete", text="hi", usage=Usage(prompt_tokens=3),
+                                      model="SmolLM2", pool="small", worker_id="w")
+        await send(producer, topics.replies, finished, key="c")
+        record = await asyncio.wait_for(reader.getone(), 60)
+        emitted = decode(record.value)
+        assert isinstance(emitted, RequestAdmitted) and emitted.generation_id == finished.generation_id
+        assert seen == [finished] and isinstance(seen[0], GenerationFinished)
+    finally:
+        await app.stop()
+        await reader.stop()
+        await producer.stop()
