@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
-from cassandra.cluster import Cluster, ResponseFuture, Session
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy
 from cassandra.query import PreparedStatement
 
@@ -20,7 +20,8 @@ def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Ses
     cluster = Cluster(
         [settings.host],
         port=settings.ports.cassandra,
-        load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"),
+        execution_profiles={EXEC_PROFILE_DEFAULT: ExecutionProfile(
+            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"), request_timeout=30)},
         protocol_version=5,
         connect_timeout=10,
     )

@@ -1,8 +1,10 @@
+import asyncio
+
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from infra.settings import Settings
-from topics.admin import ensure_topics_async
+from topics.admin import _current_configs, ensure_topics_async
 from topics.catalogue import MINUTE_MS
 
 
@@ -16,12 +18,19 @@ async def test_ensure_topics_is_idempotent_and_corrects_drift(settings: Settings
     try:
         tokens = f"{prefix}chat.tokens"
         await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, tokens, {"retention.ms": "1234"})])
+        for _ in range(50):  # the broker applies config changes through its metadata log, a moment later
+            if (await _current_configs(admin, [tokens]))[tokens]["retention.ms"] == "1234":
+                break
+            await asyncio.sleep(0.1)
         fixed = await ensure_topics_async(settings.kafka_bootstrap, prefix)
         assert fixed[tokens] == "reconfigured"
         assert {n: a for n, a in fixed.items() if a != "ok"} == {tokens: "reconfigured"}
-        from topics.admin import _current_configs
-
         current = await _current_configs(admin, [tokens])
+        for _ in range(50):
+            current = await _current_configs(admin, [tokens])
+            if current[tokens]["retention.ms"] == str(10 * MINUTE_MS):
+                break
+            await asyncio.sleep(0.1)
         assert current[tokens]["retention.ms"] == str(10 * MINUTE_MS)
     finally:
         await admin.close()
