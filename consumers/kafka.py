@@ -42,9 +42,9 @@ def make_consumer(bootstrap: str, *topic_names: str, group_id: str | None, **ove
     return AIOKafkaConsumer(*topic_names, **options)
 
 
-async def send(producer: AIOKafkaProducer, topic: str, event: Event, key: str) -> Any:
+async def send(producer: AIOKafkaProducer, topic: str, event: Event, key: str, partition: int | None = None) -> Any:
     """Produce and wait for the broker's ack; returns the record metadata (offset, partition)."""
-    return await producer.send_and_wait(topic, encode(event), key=key.encode())
+    return await producer.send_and_wait(topic, encode(event), key=key.encode(), partition=partition)
 
 
 async def decode_or_deadletter(record: ConsumerRecord, producer: AIOKafkaProducer, topics: Topics, group: str,

@@ -39,6 +39,11 @@ class Settings:
     topic_prefix: str = ""
     kafka_heap_mb: int = 512
     cassandra_heap_mb: int = 1024
+    default_pool: str = "large"
+    prompt_budget_tokens: int = 6000
+    max_message_chars: int = 32_000
+    reader_timeout_s: float = 30.0  # a reply nobody reads for this long is cancelled
+    admission_wait_s: float = 10.0  # how long a POST waits for admission before streaming anyway
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -59,6 +64,11 @@ class Settings:
             topic_prefix=_env("TOPIC_PREFIX", cls.topic_prefix),
             kafka_heap_mb=_env_int("KAFKA_HEAP_MB", cls.kafka_heap_mb),
             cassandra_heap_mb=min(_env_int("CASSANDRA_HEAP_MB", cls.cassandra_heap_mb), 1024),
+            default_pool=_env("DEFAULT_POOL", cls.default_pool),
+            prompt_budget_tokens=_env_int("PROMPT_BUDGET_TOKENS", cls.prompt_budget_tokens),
+            max_message_chars=_env_int("MAX_MESSAGE_CHARS", cls.max_message_chars),
+            reader_timeout_s=float(_env("READER_TIMEOUT_S", str(cls.reader_timeout_s))),
+            admission_wait_s=float(_env("ADMISSION_WAIT_S", str(cls.admission_wait_s))),
         )
 
     def with_(self, **changes: object) -> "Settings":

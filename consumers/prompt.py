@@ -1,0 +1,117 @@
+"""Prompt build stage (group ``prompt``): ``RequestAdmitted`` on ``chat.admitted`` ->
+``PromptBuilt`` on ``chat.prompts``.
+
+Saves the user message in Cassandra *before* generation (key conversation + turn),
+claims the client_message_id (a retried request joins the first one's generation),
+loads history, fits it to the token budget with the model's own tokenizer, and
+asks the small pool for a summary when older turns fall out.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from consumers.prompt_fit import Turn, fit
+from consumers.stage import Out
+from infra.db.conversations import Conversations, Message
+from infra.db.records import Records
+from schemas import GenerationRequested, PromptBuilt, RequestAdmitted, RequestRefused
+from topics import Topics
+
+log = logging.getLogger(__name__)
+SUMMARY_INSTRUCTION = "Summarise this conversation in at most five sentences, keeping names, numbers and decisions."
+
+
+class PromptBuilder:
+    def __init__(self, conversations: Conversations, records: Records, topics: Topics,
+                 tokenizer_for_pool: Callable[[str], Any], budget: int, max_model_len: Callable[[str], int],
+                 reply_cap: int = 512) -> None:
+        self.conversations, self.records, self.topics = conversations, records, topics
+        self.tokenizer_for_pool, self.budget, self.max_model_len = tokenizer_for_pool, budget, max_model_len
+        self.reply_cap = reply_cap
+
+    async def handle(self, req: RequestAdmitted) -> list[Out]:
+        history = await self.conversations.all_messages(req.conversation_id)
+        placed = await self._place(req, history)
+        if placed is None:
+            log.info("generation %s: client_message_id already answered by another generation", req.generation_id)
+            return []
+        turn, user_message_id, user_text = placed
+        tok = self.tokenizer_for_pool(req.pool)
+        turns = _turns(history, turn, user_text)
+        summary = await self.records.latest_summary(req.conversation_id)
+        fitted = fit(turns, tok.count, self.budget, (summary.upto_turn, summary.summary) if summary else None)
+        ids = tok.chat_ids(fitted.messages)
+        context = self.max_model_len(req.pool)
+        if len(ids) + 1 > context:
+            return [self._refuse(req, f"Your message is {len(ids)} tokens with the instructions; the model "
+                                      f"reads at most {context}. Shorten it and send again.")]
+        await self._save_placeholder(req, turn, user_message_id)
+        outs = [Out(self.topics.prompts, PromptBuilt(
+            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
+            plan=req.plan, pool=req.pool, user_message_id=user_message_id, assistant_message_id=req.generation_id,
+            turn=turn, prompt_token_ids=ids, max_tokens=min(req.reply_cap, context - len(ids)),
+            reserved_tokens=req.reserved_tokens, turns_kept=fitted.turns_kept, summary_used=fitted.summary_used,
+            route_reason=req.route_reason), req.conversation_id)]
+        if fitted.dropped_upto_turn is not None and (summary is None or summary.upto_turn < fitted.dropped_upto_turn):
+            outs.append(self._summary_request(req, turns, fitted.dropped_upto_turn, tok, context))
+        log.info("generation %s prompt built: turn %d, %d tokens, %d turns kept, summary %s", req.generation_id,
+                 turn, len(ids), fitted.turns_kept, fitted.summary_used)
+        return outs
+
+    async def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, str, str] | None:
+        """(turn, user message id, user text) of the message to answer; None if a retry lost its claim."""
+        if req.regenerate:
+            parent = next((m for m in history if m.message_id == req.parent_id and m.role == "user"), None)
+            if parent is None:
+                return None
+            return parent.turn, parent.message_id, parent.content
+        turn = max((m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
+        claim = await self.conversations.claim_client_message(
+            req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn)
+        if not claim.created and claim.generation_id != req.generation_id:
+            return None
+        now = datetime.now(timezone.utc)
+        await self.conversations.save_message(Message(
+            req.conversation_id, claim.turn, req.message_id, "user", req.content, status="complete",
+            generation_id=req.generation_id, client_message_id=req.client_message_id, created_at=now))
+        return claim.turn, req.message_id, req.content
+
+    async def _save_placeholder(self, req: RequestAdmitted, turn: int, user_message_id: str) -> None:
+        """An assistant row marked ``generating``: a reopened conversation can attach to the live reply."""
+        existing = await self.conversations.get_message(req.conversation_id, turn, req.generation_id)
+        if existing is not None and existing.status != "generating":
+            return  # already finished (this record is a redelivery): never overwrite the saved reply
+        await self.conversations.save_message(Message(
+            req.conversation_id, turn, req.generation_id, "assistant", "", status="generating", pool=req.pool,
+            parent_id=user_message_id, generation_id=req.generation_id, route_reason=req.route_reason,
+            created_at=datetime.now(timezone.utc)))
+
+    def _refuse(self, req: RequestAdmitted, message: str) -> Out:
+        return Out(self.topics.tokens, RequestRefused(
+            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
+            reason="too_long", message=message, status=413), req.generation_id)
+
+    def _summary_request(self, req: RequestAdmitted, turns: list[Turn], upto: int, tok: Any, context: int) -> Out:
+        lines = [f"User: {t.user}\nAssistant: {t.assistant}" for t in turns if t.turn <= upto]
+        body = "\n".join(lines)
+        while lines and tok.count(body) > context // 2:
+            lines.pop(0)  # the oldest lines go first; the summary covers what fits
+            body = "\n".join(lines)
+        ids = tok.chat_ids([{"role": "system", "content": SUMMARY_INSTRUCTION}, {"role": "user", "content": body}])
+        return Out(self.topics.generate("small", "free"), GenerationRequested(
+            generation_id=f"{req.generation_id}:summary", conversation_id=req.conversation_id,
+            user_id=req.user_id, plan=req.plan, pool="small", lane="free", prompt_token_ids=ids,
+            max_tokens=160, priority=20, turn=upto, purpose="summary"), req.conversation_id)
+
+
+def _turns(history: list[Message], current_turn: int, current_text: str) -> list[Turn]:
+    """One (user, newest finished assistant) pair per earlier turn, then the turn to answer."""
+    users = {m.turn: m.content for m in history if m.role == "user" and m.turn < current_turn}
+    replies: dict[int, str] = {}
+    for m in history:  # oldest first, so the newest sibling wins
+        if m.role == "assistant" and m.turn < current_turn and m.status in ("complete", "stopped", "length"):
+            replies[m.turn] = m.content
+    earlier = [Turn(t, users[t], replies.get(t, "")) for t in sorted(users)]
+    return earlier + [Turn(current_turn, current_text, None)]

@@ -1,0 +1,84 @@
+"""The loop every aiokafka stage shares: poll, decode (or dead-letter), handle, produce, commit.
+
+A handler is ``async (event) -> list[Out]``; the loop produces its outputs and
+commits the record's offset only after they are acknowledged, so a crash
+re-handles a record (handlers are idempotent) but never loses one. Partitions
+are handled concurrently, records within one partition in order.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from aiokafka import TopicPartition
+
+from consumers.kafka import decode_or_deadletter, make_consumer, make_producer, send
+from infra.settings import Settings
+from schemas import Event
+from topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Out:
+    topic: str
+    event: Event
+    key: str
+    partition: int | None = None  # None: by key (murmur2), as every reader of the topic expects
+
+
+Handler = Callable[[Any], Awaitable[list[Out]]]
+
+
+class Stage:
+    def __init__(self, name: str, settings: Settings, topic_attr: str, types: tuple[type[Event], ...],
+                 handler: Handler, **consumer_options: Any) -> None:
+        self.name, self.settings, self.types, self.handler = name, settings, types, handler
+        self.topics = Topics(settings.topic_prefix)
+        self.group = f"{settings.topic_prefix}{name}"
+        self.producer = make_producer(settings.kafka_bootstrap)
+        self.consumer = make_consumer(settings.kafka_bootstrap, getattr(self.topics, topic_attr),
+                                      group_id=self.group, **consumer_options)
+        self._stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        await self.producer.start()
+        await self.consumer.start()
+        log.info("stage %s consuming %s", self.name, self.consumer.subscription())
+        try:
+            while not self._stopping.is_set():
+                batch = await self.consumer.getmany(timeout_ms=100, max_records=200)
+                if batch:
+                    await asyncio.gather(*(self._partition(tp, records) for tp, records in batch.items()))
+        finally:
+            await self.consumer.stop()
+            await self.producer.stop()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _partition(self, tp: TopicPartition, records: list[Any]) -> None:
+        for record in records:
+            event = await decode_or_deadletter(record, self.producer, self.topics, self.group, self.types)
+            if event is not None:
+                for out in await self.handler(event):
+                    await send(self.producer, out.topic, out.event, out.key, out.partition)
+            await self.consumer.commit({tp: record.offset + 1})
+
+
+async def run_stages(*stages: Any) -> None:
+    """Run stages together until one fails; the others are then stopped too."""
+    tasks = [asyncio.create_task(s.run(), name=getattr(s, "name", type(s).__name__)) for s in stages]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+    finally:
+        for s in stages:
+            s.stop()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
