@@ -1,0 +1,1 @@
+"""The three local services (Kafka, Cassandra, Redis) and the process plumbing they share."""
