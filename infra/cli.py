@@ -18,6 +18,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "topics": ("topics.cli", "create missing topics and correct partitions/retention"),
     "migrate": ("infra.cql.cli", "apply the versioned CQL migrations"),
     "user": ("infra.db.cli", "manage accounts: `parley user create --plan free|paid` prints a token"),
+    "worker": ("consumers.worker_cli", "run one generation worker for a model pool"),
+    "stages": ("consumers.stages_cli", "run the pipeline stages (admission, prompt, scheduler, persistence, ...)"),
+    "gateway": ("producers.gateway.cli", "run one HTTP gateway"),
     "capacity": ("infra.capacity", "the seed's capacity model, with your own inputs"),
     "lab": ("infra.lab.cli", "the batching lab: simulate one replica and the fleet spike"),
 }

@@ -26,9 +26,44 @@ def quota(user_id: str) -> str:
     return f"{PREFIX}quota:{user_id}"
 
 
+def quota_day(user_id: str, day: str) -> str:
+    """Hash of one user's UTC day: ``used`` (charged), ``reserved`` (outstanding), ``replies``."""
+    return f"{quota(user_id)}:day:{day}"
+
+
+def quota_bucket(user_id: str) -> str:
+    """Hash ``level``, ``ts``: the per-minute token bucket as of ``ts``."""
+    return f"{quota(user_id)}:bucket"
+
+
+def quota_running(user_id: str) -> str:
+    """Sorted set of the user's running generations, scored by reservation expiry."""
+    return f"{quota(user_id)}:running"
+
+
 def reservation(generation_id: str) -> str:
     return f"{PREFIX}resv:{generation_id}"
 
 
-RESERVATIONS_BY_EXPIRY = f"{PREFIX}resv:by-expiry"
-SETTLED = f"{PREFIX}settled"
+def reservations_by_expiry(scope: str = "") -> str:
+    """Sorted set generation_id -> expiry; ``scope`` (the topic prefix) isolates test deployments."""
+    return f"{PREFIX}{scope}resv:by-expiry"
+
+
+def settled(generation_id: str) -> str:
+    """The settled marker: what was charged and the UsageRecorded fields; kept a couple of days."""
+    return f"{PREFIX}settled:{generation_id}"
+
+
+def usage_unpublished(scope: str = "") -> str:
+    """Outbox: settled generations whose UsageRecorded is not yet acknowledged by Kafka."""
+    return f"{PREFIX}{scope}usage:unpublished"
+
+
+def title_requested(conversation_id: str) -> str:
+    """Set once when persistence asks the small pool for a conversation's title."""
+    return f"{PREFIX}conv:{conversation_id}:title-requested"
+
+
+def abandoned_cancelled(generation_id: str) -> str:
+    return f"{PREFIX}gen:{generation_id}:abandoned"

@@ -40,6 +40,7 @@ class GenerationRequested(Event, frozen=True, kw_only=True):
     turn: int = 0
     parent_id: str | None = None
     purpose: Purpose = "reply"
+    temperature: float = 0.7  # 0 = greedy; replies sample so a regenerate gives a different sibling
     reserved_tokens: int = 0
     route_reason: str = "default"
     enqueued_at: float = 0.0

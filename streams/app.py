@@ -5,6 +5,8 @@ so stages scale and fail independently even when one process hosts them all.
 """
 from __future__ import annotations
 
+import asyncio
+
 import faust
 
 from infra.settings import Settings
@@ -33,3 +35,23 @@ def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
 def topic(app: faust.App, topics: Topics, name: str) -> faust.TopicT:
     """A faust topic for a catalogue name (attribute of ``Topics``), decoded with the event codec."""
     return app.topic(getattr(topics, name), value_serializer=CODEC_NAME, key_serializer="raw", internal=False)
+
+
+class FaustStage:
+    """A faust app run beside the aiokafka stages in one process (same ``run``/``stop`` shape)."""
+
+    def __init__(self, name: str, app: faust.App) -> None:
+        self.name, self.app = name, app
+        self._stopping: asyncio.Event | None = None
+
+    async def run(self) -> None:
+        self._stopping = asyncio.Event()
+        await self.app.start()
+        try:
+            await self._stopping.wait()
+        finally:
+            await self.app.stop()
+
+    def stop(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()

@@ -54,6 +54,15 @@ class ClientMessageClaim:
 MESSAGE_COLUMNS = [f.name for f in fields(Message)]
 
 
+def _utc(ts: datetime) -> datetime:
+    """The driver returns naive UTC datetimes; compare and store aware ones."""
+    return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts
+
+
+def _ms(ts: datetime) -> int:
+    return int(ts.timestamp() * 1000)  # Cassandra keeps milliseconds
+
+
 def _cursor(state: bytes | None) -> str | None:
     return base64.urlsafe_b64encode(state).decode() if state else None
 
@@ -103,8 +112,8 @@ class Conversations:
     async def touch(self, conv: Conversation, at: datetime, title: str | None = None,
                     model: str | None = None) -> Conversation:
         """Move a conversation to the top of its owner's list (and optionally retitle it)."""
-        at = max(at, conv.updated_at.replace(tzinfo=timezone.utc) if conv.updated_at.tzinfo is None
-                 else conv.updated_at)
+        before = _utc(conv.updated_at)
+        at = max(_utc(at), before)
         new = Conversation(conv.conversation_id, conv.user_id, title or conv.title, model or conv.model, at)
         await self.db.execute(
             "UPDATE conversations SET updated_at = ?, title = ?, model = ? WHERE conversation_id = ?",
@@ -112,10 +121,10 @@ class Conversations:
         await self.db.execute(
             "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model) "
             "VALUES (?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, new.title, new.model))
-        if at != conv.updated_at:
+        if _ms(at) != _ms(before):
             await self.db.execute(
                 "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
-                (conv.user_id, conv.updated_at, conv.conversation_id))
+                (conv.user_id, before, conv.conversation_id))
         return new
 
     async def save_message(self, message: Message) -> None:

@@ -1,0 +1,1 @@
+"""The HTTP gateway: FastAPI on uvicorn, stateless; run as many as you like."""

@@ -1,0 +1,43 @@
+"""``parley gateway``: one stateless HTTP gateway on uvicorn."""
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+
+from infra.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("--port", type=int, default=None, help="default: PARLEY_GATEWAY_PORT or 8000")
+    parser.add_argument("--host", default="127.0.0.1")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    uvicorn.run(build(settings), host=args.host, port=args.port or settings.ports.gateway, log_level="warning",
+                access_log=False)
+    return 0
+
+
+def build(settings: Settings):  # type: ignore[no-untyped-def]
+    from infra.pools import load_pools
+    from producers.gateway.app import create_app
+
+    pools = load_pools(settings)
+    return create_app(settings, {name: cfg.served_model_name for name, cfg in pools.items()},
+                      quota=_quota(settings))
+
+
+def _quota(settings: Settings) -> object | None:
+    try:
+        from consumers.quota import Quota
+    except ImportError:
+        return None
+    import redis.asyncio as aioredis
+
+    from infra.plans import load_plans
+
+    return Quota(aioredis.Redis.from_url(settings.redis_url), load_plans())

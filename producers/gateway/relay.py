@@ -1,0 +1,125 @@
+"""Token delivery: one tail of ``chat.tokens`` per gateway, fanned out to the streams it serves,
+plus replay from any offset so a client can resume on any gateway with ``Last-Event-ID``.
+
+A generation's events all sit in one partition (keyed by generation id), so the
+SSE id is just the Kafka offset. Resume = subscribe live first, replay from the
+offset to the partition's end, then continue live, skipping offsets already sent.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from consumers.kafka import make_consumer
+from consumers.partitioning import partition_for
+from schemas import EventDecodeError, decode
+
+log = logging.getLogger(__name__)
+
+
+class Aged(Exception):
+    """The generation's events are older than the token buffer keeps."""
+
+
+class TokenRelay:
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap, self.topic = bootstrap, topic
+        self.subs: dict[str, set[asyncio.Queue[tuple[int, Any]]]] = {}
+        self.consumer: AIOKafkaConsumer | None = None
+        self.partitions = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.consumer = make_consumer(self.bootstrap, group_id=None, fetch_max_wait_ms=5)
+        await self.consumer.start()
+        parts = await _partitions(self.consumer, self.topic)
+        self.partitions = len(parts)
+        tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+        self.consumer.assign(tps)
+        await self.consumer.seek_to_end(*tps)
+        for tp in tps:
+            await self.consumer.position(tp)  # resolve "end" now, so nothing produced after start() is missed
+        self._task = asyncio.create_task(self._tail(), name="token-relay")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.consumer:
+            await self.consumer.stop()
+
+    async def _tail(self) -> None:
+        assert self.consumer is not None
+        while True:
+            batch = await self.consumer.getmany(timeout_ms=200, max_records=5000)
+            for records in batch.values():
+                for record in records:
+                    key = record.key.decode() if record.key else ""
+                    queues = self.subs.get(key)
+                    if not queues:
+                        continue  # decode only what someone here is reading
+                    try:
+                        event = decode(record.value)
+                    except EventDecodeError:
+                        continue
+                    for q in queues:
+                        q.put_nowait((record.offset, event))
+
+    def subscribe(self, generation_id: str) -> asyncio.Queue[tuple[int, Any]]:
+        q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self.subs.setdefault(generation_id, set()).add(q)
+        return q
+
+    def unsubscribe(self, generation_id: str, q: asyncio.Queue[tuple[int, Any]]) -> None:
+        queues = self.subs.get(generation_id)
+        if queues is not None:
+            queues.discard(q)
+            if not queues:
+                del self.subs[generation_id]
+
+    def partition_of(self, generation_id: str) -> TopicPartition:
+        return TopicPartition(self.topic, partition_for(generation_id, self.partitions))
+
+    async def replay(self, generation_id: str, after: int | None, since_ms: int) -> AsyncIterator[tuple[int, Any]]:
+        """Events of one generation after offset ``after`` (or since ``since_ms``) up to the partition's end now."""
+        tp = self.partition_of(generation_id)
+        reader = make_consumer(self.bootstrap, group_id=None, fetch_max_wait_ms=5)
+        await reader.start()
+        try:
+            reader.assign([tp])
+            start_of_log = (await reader.beginning_offsets([tp]))[tp]
+            end = (await reader.end_offsets([tp]))[tp]
+            if after is not None:
+                if after + 1 < start_of_log:
+                    raise Aged(generation_id)
+                start = after + 1
+            else:
+                found = (await reader.offsets_for_times({tp: since_ms}))[tp]
+                start = found.offset if found else end
+            reader.seek(tp, start)
+            position = start
+            while position < end:
+                batch = await reader.getmany(tp, timeout_ms=500)
+                for record in batch.get(tp, []):
+                    position = record.offset + 1
+                    if record.key and record.key.decode() == generation_id and record.offset < end:
+                        try:
+                            yield record.offset, decode(record.value)
+                        except EventDecodeError:
+                            continue
+        finally:
+            await reader.stop()
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    for _ in range(50):
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return parts
+        await consumer._client.force_metadata_update()  # noqa: SLF001 - no public per-topic metadata call
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"topic {topic} has no partitions; run `parley topics`")

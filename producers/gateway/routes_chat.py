@@ -1,0 +1,188 @@
+"""Sending a message (reply streams as SSE on the response), regenerating, stopping and resuming.
+
+A POST is answered only after its ``MessageSubmitted`` is acknowledged by Kafka, so a
+2xx is never lost. It then waits briefly for admission's decision: a refusal becomes a
+plain HTTP error (429/503 with Retry-After) before any stream starts.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from consumers.kafka import send
+from infra import keys
+from infra.db.accounts import User
+from producers.gateway.auth import current_user, gateway_of
+from producers.gateway.errors import ApiError, not_found
+from producers.gateway.state import Gateway
+from producers.gateway.streaming import follow, saved_frames
+from schemas import CancelRequested, GenerationQueued, MessageSubmitted, RequestRefused, id_time_ms, new_id
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1", tags=["chat"])
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+CMID_TTL_S = 24 * 3600
+
+
+class SendMessage(BaseModel):
+    content: str = Field(description="the user's message")
+    model: str | None = Field(default=None, description="model pool; default: the service's default pool")
+    client_message_id: str | None = Field(default=None, max_length=128,
+                                          description="retry key: the same id attaches to the same reply")
+
+
+class Regenerate(BaseModel):
+    model: str | None = None
+    client_message_id: str | None = Field(default=None, max_length=128)
+
+
+@router.get("/models", tags=["models"])
+async def models(request: Request, user: User = Depends(current_user)) -> dict[str, Any]:
+    gw = gateway_of(request)
+    return {"default": gw.settings.default_pool,
+            "items": [{"pool": p, "model": m} for p, m in gw.models.items()]}
+
+
+@router.post("/conversations/{conversation_id}/messages", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+async def send_message(request: Request, conversation_id: str, body: SendMessage,
+                       user: User = Depends(current_user)) -> StreamingResponse:
+    gw = gateway_of(request)
+    if not body.content.strip():
+        raise ApiError(422, "empty_content", "The message is empty. Type something to send.")
+    if len(body.content) > gw.settings.max_message_chars:
+        raise ApiError(413, "too_large", f"The message is {len(body.content):,} characters; the limit is "
+                                         f"{gw.settings.max_message_chars:,}. Shorten it or split it.")
+    pool = _pool(gw, body.model)
+    await _own_conversation(gw, conversation_id, user)
+    return await _submit(request, gw, user, conversation_id, body.content, pool, body.client_message_id,
+                         message_id=new_id(), parent_id=None)
+
+
+@router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
+             response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}})
+async def regenerate(request: Request, conversation_id: str, message_id: str, body: Regenerate | None = None,
+                     user: User = Depends(current_user)) -> StreamingResponse:
+    """A new sibling reply to the same user message (``message_id`` may name the user message or a reply)."""
+    gw = gateway_of(request)
+    body = body or Regenerate()
+    pool = _pool(gw, body.model)
+    await _own_conversation(gw, conversation_id, user)
+    history = await gw.conversations.all_messages(conversation_id)
+    target = next((m for m in history if m.message_id == message_id), None)
+    if target is None:
+        raise not_found("message")
+    parent = target if target.role == "user" else next((m for m in history if m.message_id == target.parent_id), None)
+    if parent is None:
+        raise not_found("message")
+    return await _submit(request, gw, user, conversation_id, parent.content, pool, body.client_message_id,
+                         message_id=parent.message_id, parent_id=parent.message_id)
+
+
+@router.post("/generations/{generation_id}/cancel", status_code=202)
+async def cancel(request: Request, generation_id: str, user: User = Depends(current_user)) -> dict[str, str]:
+    gw = gateway_of(request)
+    owner = await gw.owner(generation_id)
+    if owner is None or owner[0] != user.user_id:
+        raise not_found("generation")
+    await send(gw.producer, gw.topics.control, CancelRequested(
+        generation_id=generation_id, conversation_id=owner[1], user_id=user.user_id, reason="user"),
+        key=generation_id)
+    log.info("generation %s cancel requested by its owner", generation_id)
+    return {"generation_id": generation_id, "status": "cancelling"}
+
+
+@router.get("/generations/{generation_id}/stream", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}}})
+async def stream(request: Request, generation_id: str, user: User = Depends(current_user),
+                 last_event_id: str | None = Header(default=None)) -> StreamingResponse:
+    gw = gateway_of(request)
+    owner = await gw.owner(generation_id)
+    if owner is None or owner[0] != user.user_id:
+        raise not_found("generation")
+    after = request.query_params.get("after", last_event_id)
+    try:
+        after_offset = int(after) if after not in (None, "") else None
+    except ValueError as exc:
+        raise ApiError(422, "bad_last_event_id", "Last-Event-ID must be an event id this stream sent.") from exc
+    return _sse(gw, generation_id, owner[1], after=after_offset, queue=None, first=None)
+
+
+# -- helpers -----------------------------------------------------------------------------------------------
+def _pool(gw: Gateway, requested: str | None) -> str:
+    pool = requested or gw.settings.default_pool
+    if pool not in gw.models:
+        raise ApiError(422, "unknown_model", f"Unknown model {pool!r}. Choose one of: {', '.join(gw.models)}.")
+    return pool
+
+
+async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> None:
+    conv = await gw.conversations.get(conversation_id)
+    if conv is None or conv.user_id != user.user_id:
+        raise not_found("conversation")
+
+
+async def _submit(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
+                  client_message_id: str | None, *, message_id: str, parent_id: str | None) -> StreamingResponse:
+    generation_id = new_id()
+    cmid = client_message_id or f"auto-{uuid.uuid4().hex}"
+    claimed = await gw.redis.set(keys.client_message(conversation_id, cmid), generation_id, nx=True, ex=CMID_TTL_S)
+    if not claimed:  # a retry: attach to the generation the first request started
+        existing = (await gw.redis.get(keys.client_message(conversation_id, cmid))).decode()
+        log.info("client_message_id retry attaches to generation %s", existing)
+        return _sse(gw, existing, conversation_id, after=None, queue=None, first=None)
+    queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
+    try:
+        await gw.set_owner(generation_id, user.user_id, conversation_id)
+        await gw.reader_beat(generation_id)
+        await send(gw.producer, gw.topics.requests, MessageSubmitted(
+            generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
+            plan=user.plan, message_id=message_id, client_message_id=cmid, content=content, pool=pool,  # type: ignore[arg-type]
+            parent_id=parent_id, regenerate=parent_id is not None, gateway_id=gw.gateway_id), key=user.user_id)
+        first = await _decision(gw, queue)
+    except BaseException:
+        gw.relay.unsubscribe(generation_id, queue)
+        raise
+    refused = next((e for _, e in first if isinstance(e, RequestRefused)), None)
+    if refused is not None:
+        gw.relay.unsubscribe(generation_id, queue)
+        await gw.redis.delete(keys.client_message(conversation_id, cmid))  # a later retry may try again
+        raise ApiError(refused.status, refused.reason, refused.message, refused.retry_after_s)
+    log.info("generation %s accepted for conversation %s", generation_id, conversation_id)
+    return _sse(gw, generation_id, conversation_id, after=None, queue=queue, first=first)
+
+
+async def _decision(gw: Gateway, queue: asyncio.Queue[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """Events up to and including the first decision (queued or refused), or [] after the wait limit."""
+    got: list[tuple[int, Any]] = []
+    deadline = time.monotonic() + gw.settings.admission_wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            item = await asyncio.wait_for(queue.get(), left)
+        except asyncio.TimeoutError:
+            break
+        got.append(item)
+        if isinstance(item[1], (GenerationQueued, RequestRefused)):
+            return got
+    return got
+
+
+def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | None,
+         queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None) -> StreamingResponse:
+    async def saved() -> list[bytes]:
+        messages = await gw.conversations.all_messages(conversation_id)
+        return saved_frames(next((m for m in messages if m.generation_id == generation_id
+                                  and m.role == "assistant"), None))
+
+    body = follow(gw.relay, generation_id, after=after, since_ms=id_time_ms(generation_id) - 2000, queue=queue,
+                  first=first, keepalive_s=gw.keepalive_s, heartbeat=lambda: gw.reader_beat(generation_id),
+                  saved=saved)
+    headers = dict(SSE_HEADERS, **{"X-Generation-Id": generation_id})
+    return StreamingResponse(body, media_type="text/event-stream", headers=headers)

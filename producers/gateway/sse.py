@@ -1,0 +1,45 @@
+"""Server-Sent Events framing, and the mapping from token-buffer events to the client's events."""
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from schemas import GenerationFinished, GenerationQueued, RequestRefused, TokensAppended
+
+STOP_REASONS = {"complete": "end", "stopped": "stopped", "length": "length", "failed": "error"}
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def frame(event: str, data: Any, id_: int | None = None) -> bytes:
+    head = f"id: {id_}\n" if id_ is not None else ""
+    return f"{head}event: {event}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+
+def to_sse(offset: int, event: object) -> list[bytes]:
+    """The frames for one token-buffer event (none for events the client doesn't see)."""
+    if isinstance(event, TokensAppended):
+        return [frame("delta", {"text": event.text}, offset)]
+    if isinstance(event, GenerationQueued):
+        frames = [frame("message_start", {"message_id": event.message_id, "generation_id": event.generation_id,
+                                          "model": event.model, "pool": event.pool}, offset)]
+        if event.position > 0:
+            frames.append(frame("queued", {"position": event.position,
+                                           "estimated_wait_s": event.estimated_wait_s}, offset))
+        return frames
+    if isinstance(event, GenerationFinished):
+        frames = []
+        if event.status == "failed":
+            frames.append(frame("error", {"message": event.reason or "The model failed to answer."}, offset))
+        frames.append(frame("message_end", {
+            "stop_reason": STOP_REASONS[event.status], "model": event.model,
+            "usage": {"in": event.usage.prompt_tokens, "out": event.usage.completion_tokens}}, offset))
+        return frames
+    if isinstance(event, RequestRefused):
+        return [frame("error", {"status": event.status, "code": event.reason, "message": event.message,
+                                "retry_after_s": event.retry_after_s}, offset)]
+    return []
+
+
+def is_last(event: object) -> bool:
+    return isinstance(event, (GenerationFinished, RequestRefused))

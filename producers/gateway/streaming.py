@@ -1,0 +1,92 @@
+"""One client's SSE stream of one generation: replay after an offset, then live, then the end.
+
+Generation never waits for a client: this only reads. While it streams it keeps the
+generation's reader heartbeat alive in Redis; when it stops (the client left), the
+heartbeat lapses and the abandoned-reply detector cancels the reply after the timeout.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from producers.gateway.relay import Aged, TokenRelay
+from producers.gateway.sse import KEEPALIVE, frame, is_last, to_sse
+
+
+async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, since_ms: int,
+                 queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None,
+                 keepalive_s: float, heartbeat: Callable[[], Awaitable[None]],
+                 saved: Callable[[], Awaitable[list[bytes]]]) -> AsyncIterator[bytes]:
+    """``queue``/``first``: a live subscription made before the request was produced (no replay needed)."""
+    live = queue if queue is not None else relay.subscribe(generation_id)
+    beat = asyncio.create_task(_beat(heartbeat, keepalive_s))
+    last = after if after is not None else -1
+    try:
+        if first is not None:
+            for offset, event in first:
+                for f in to_sse(offset, event):
+                    yield f
+                last = max(last, offset)
+                if is_last(event):
+                    return
+        else:
+            replayed = 0
+            try:
+                async for offset, event in relay.replay(generation_id, after, since_ms):
+                    replayed += 1
+                    for f in to_sse(offset, event):
+                        yield f
+                    last = offset
+                    if is_last(event):
+                        return
+            except Aged:
+                for f in await saved():
+                    yield f
+                return
+            if replayed == 0 and after is None:
+                snapshot = await saved()
+                if snapshot:  # the buffer no longer has it, but the reply is saved: serve that
+                    for f in snapshot:
+                        yield f
+                    return
+        while True:
+            try:
+                offset, event = await asyncio.wait_for(live.get(), keepalive_s)
+            except asyncio.TimeoutError:
+                yield KEEPALIVE
+                continue
+            if offset <= last:
+                continue  # already sent during replay
+            for f in to_sse(offset, event):
+                yield f
+            last = offset
+            if is_last(event):
+                return
+    finally:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
+        relay.unsubscribe(generation_id, live)
+
+
+async def _beat(heartbeat: Callable[[], Awaitable[None]], every_s: float) -> None:
+    while True:
+        with contextlib.suppress(Exception):  # a missed beat only risks a cancel after the timeout
+            await heartbeat()
+        await asyncio.sleep(min(every_s, 5.0))
+
+
+def saved_frames(message: Any) -> list[bytes]:
+    """A finished reply from Cassandra, for a reader who comes back after the buffer expired."""
+    if message is None or message.status == "generating":
+        return []
+    stop = {"complete": "end", "stopped": "stopped", "length": "length", "failed": "error"}.get(message.status, "end")
+    return [
+        frame("message_start", {"message_id": message.message_id, "generation_id": message.generation_id,
+                                "model": message.model, "pool": message.pool}),
+        frame("snapshot", {"text": message.content}),
+        frame("message_end", {"stop_reason": stop, "model": message.model,
+                              "usage": {"in": message.tokens_in, "out": message.tokens_out}}),
+    ]

@@ -1,0 +1,108 @@
+"""Persistence stage (faust app ``persistence``): ``GenerationFinished`` on ``chat.replies`` ->
+the assistant message in Cassandra (status, usage, model), the generation row, the
+conversation moved to the top of its owner's list; after the first exchange a title
+request to the small pool; finished titles and summaries stored.
+
+Every write is keyed (conversation + turn + message id, generation id) and uses the
+event's own timestamps, so a redelivered event rewrites the same values.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import faust
+
+from infra import keys
+from infra.db.conversations import Conversations, Message
+from infra.db.records import Records, Summary
+from schemas import GenerationFinished, GenerationRequested
+from topics import Topics
+
+log = logging.getLogger(__name__)
+TITLE_INSTRUCTION = ("Write a title of at most six words for this conversation. Reply with the title only, "
+                     "no quotes.")
+
+
+class Persistence:
+    def __init__(self, conversations: Conversations, records: Records, redis: Any, topics: Topics,
+                 chat_ids: Callable[[list[dict[str, str]]], list[int]]) -> None:
+        self.conversations, self.records, self.redis, self.topics = conversations, records, redis, topics
+        self.chat_ids = chat_ids
+
+    async def handle(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
+        """Apply one finished generation; returns events to send as (topic, event, key)."""
+        if e.purpose == "title":
+            await self._title(e)
+            return []
+        if e.purpose == "summary":
+            if e.status == "complete" and e.text.strip():
+                await self.records.save_summary(Summary(e.conversation_id, e.turn, e.text.strip(),
+                                                        e.usage.completion_tokens))
+            return []
+        return await self._reply(e)
+
+    async def _reply(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
+        finished_at = datetime.fromtimestamp(e.at, timezone.utc)
+        existing = await self.conversations.get_message(e.conversation_id, e.turn, e.message_id)
+        await self.conversations.save_message(Message(
+            e.conversation_id, e.turn, e.message_id, "assistant", e.text, status=e.status,
+            tokens_in=e.usage.prompt_tokens, tokens_out=e.usage.completion_tokens,
+            tokens_cached=e.usage.cached_prompt_tokens, model=e.model, pool=e.pool, parent_id=e.parent_id,
+            generation_id=e.generation_id, route_reason=e.route_reason,
+            created_at=existing.created_at if existing else finished_at, finished_at=finished_at))
+        await self.records.save_generation(
+            generation_id=e.generation_id, conversation_id=e.conversation_id, user_id=e.user_id,
+            message_id=e.message_id, user_message_id=e.parent_id or "", turn=e.turn, status=e.status,
+            model_pool=e.pool, model=e.model, replica=e.worker_id, queued_at=e.started_at or None,
+            first_token_at=e.first_token_at or None, finished_at=e.at)
+        conv = await self.conversations.get(e.conversation_id)
+        if conv is None:
+            return []
+        await self.conversations.touch(conv, finished_at)
+        log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
+                 e.usage.prompt_tokens, e.usage.completion_tokens)
+        if conv.title is None and e.status == "complete" and e.text.strip():
+            return await self._ask_for_title(e)
+        return []
+
+    async def _ask_for_title(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
+        if not await self.redis.set(keys.title_requested(e.conversation_id), e.generation_id, nx=True, ex=86400):
+            return []  # asked already (this event is a redelivery, or another turn got there first)
+        messages = await self.conversations.all_messages(e.conversation_id)
+        user = next((m.content for m in messages if m.message_id == e.parent_id), "")
+        ids = self.chat_ids([{"role": "system", "content": TITLE_INSTRUCTION},
+                             {"role": "user", "content": f"User: {user[:1500]}\nAssistant: {e.text[:1500]}"}])
+        request = GenerationRequested(
+            generation_id=f"{e.generation_id}:title", conversation_id=e.conversation_id, user_id=e.user_id,
+            plan=e.plan, pool="small", lane="free", prompt_token_ids=ids, max_tokens=16, priority=20,
+            purpose="title", temperature=0.0)
+        return [(self.topics.generate("small", "free"), request, e.conversation_id)]
+
+    async def _title(self, e: GenerationFinished) -> None:
+        title = _clean_title(e.text)
+        conv = await self.conversations.get(e.conversation_id)
+        if conv is None or not title or conv.title == title:
+            return
+        await self.conversations.touch(conv, conv.updated_at, title=title)
+        log.info("conversation %s titled (%d chars)", e.conversation_id, len(title))
+
+
+def _clean_title(text: str) -> str:
+    line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
+    return line.strip().strip('"\'*#').removeprefix("Title:").strip()[:80]
+
+
+def build_app(app: faust.App, persistence: Persistence, topics: Topics) -> None:
+    from streams.app import topic
+
+    replies = topic(app, topics, "replies")
+
+    @app.agent(replies, name=f"{app.conf.id}.save")
+    async def save(stream: Any) -> None:
+        async for event in stream:
+            if not isinstance(event, GenerationFinished):
+                continue
+            for topic_name, out, key in await persistence.handle(event):
+                await app.topic(topic_name).send(key=key.encode(), value=out)
