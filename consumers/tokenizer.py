@@ -18,8 +18,9 @@ class ChatTokenizer:
         return len(self._tok.encode(text, add_special_tokens=False))
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        ids = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        from consumers.engine import render_chat  # the same rendering the worker's engine uses
+
+        return render_chat(self._tok, messages)
 
 
 @lru_cache(maxsize=8)

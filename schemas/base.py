@@ -20,11 +20,22 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_
     at: float = msgspec.field(default_factory=time.time)
 
 
+_last_id = 0
+
+
 def new_id() -> str:
-    """A time-ordered UUID (v7 layout): 48-bit ms timestamp, then randomness."""
+    """A time-ordered UUID (v7 layout): 48-bit ms timestamp, then randomness.
+
+    Strictly increasing within a process, so a user message made just before its
+    reply's generation id sorts first even within the same millisecond.
+    """
+    global _last_id
     ms = int(time.time() * 1000)
     rand = int.from_bytes(os.urandom(10), "big")
     value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    if value <= _last_id:
+        value = _last_id + 1  # same millisecond: count up in the random bits
+    _last_id = value
     return str(uuid.UUID(int=value))
 
 

@@ -25,7 +25,9 @@ def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Ses
         protocol_version=5,
         connect_timeout=10,
     )
-    session = cluster.connect(settings.keyspace if keyspace == "" else keyspace)
+    session = cluster.connect()
+    # No `USE`: AsyncSession names the keyspace on each prepared statement instead.
+    session.parley_keyspace = settings.keyspace if keyspace == "" else keyspace  # type: ignore[attr-defined]
     return cluster, session
 
 
@@ -39,14 +41,16 @@ class Page:
 class AsyncSession:
     """Awaitable queries over a driver session; statements are prepared once and reused."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, keyspace: str | None = None) -> None:
         self.session = session
+        self.keyspace = keyspace or getattr(session, "parley_keyspace", None) or session.keyspace
         self._prepared: dict[str, PreparedStatement] = {}
 
     def prepare(self, cql: str) -> PreparedStatement:
         stmt = self._prepared.get(cql)
         if stmt is None:
-            stmt = self._prepared[cql] = self.session.prepare(cql)
+            # Name the keyspace on the statement itself: unambiguous, and Cassandra 5 warns otherwise.
+            stmt = self._prepared[cql] = self.session.prepare(cql, keyspace=self.keyspace)
         return stmt
 
     async def execute(self, cql: str, params: Sequence[Any] = ()) -> list[Any]:

@@ -19,7 +19,8 @@ def frame(event: str, data: Any, id_: int | None = None) -> bytes:
 def to_sse(offset: int, event: object) -> list[bytes]:
     """The frames for one token-buffer event (none for events the client doesn't see)."""
     if isinstance(event, TokensAppended):
-        return [frame("delta", {"text": event.text}, offset)]
+        # An end-of-sequence token has ids but no text: the client has nothing to show.
+        return [frame("delta", {"text": event.text}, offset)] if event.text else []
     if isinstance(event, GenerationQueued):
         frames = [frame("message_start", {"message_id": event.message_id, "generation_id": event.generation_id,
                                           "model": event.model, "pool": event.pool}, offset)]

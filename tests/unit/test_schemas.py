@@ -58,7 +58,8 @@ def test_every_event_carries_the_ids_a_trace_needs() -> None:
 def test_ids_are_time_ordered() -> None:
     first, second = new_id(), new_id()
     assert id_time_ms(first) <= id_time_ms(second)
-    ids = [new_id() for _ in range(50)]
+    ids = [new_id() for _ in range(500)]  # many share a millisecond
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert [id_time_ms(i) for i in ids] == sorted(id_time_ms(i) for i in ids)
 
 

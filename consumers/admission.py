@@ -1,0 +1,142 @@
+"""Admission stage (group ``admission``): ``MessageSubmitted`` on ``chat.requests`` ->
+``RequestAdmitted`` on ``chat.admitted`` (keyed by conversation) or ``RequestRefused``
+on ``chat.tokens`` (keyed by generation, where the gateway waits for it).
+
+Checks the input, picks the pool, and reserves prompt estimate + reply cap with one
+atomic Redis script (``consumers/quota.py``). The decision is pure (``precheck``,
+``route``, ``decide``); the handler only calls the quota between them. A
+redelivered request finds its reservation and is admitted again identically; one
+already settled is not admitted again (it would generate twice).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from consumers.quota import Quota
+from consumers.quota_outcomes import Refusal, Reservation
+from consumers.stage import Out, Stage
+from infra.plans import Plan
+from infra.settings import Settings
+from schemas import MessageSubmitted, RequestAdmitted, RequestRefused
+from topics import Topics
+from topics.catalogue import POOLS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AdmissionRules:
+    default_pool: str = "large"
+    small_pool: str = "small"
+    route_small_max_chars: int | None = None  # None: the classifier is off
+    max_message_chars: int = 32_000
+    min_visible_chars: int = 1
+    chars_per_token: float = 3.0  # a cheap over-estimate for English; prompt build trues it up
+    history_allowance: int = 1_000  # tokens for earlier turns; the prompt budget caps the real number
+
+    @classmethod
+    def from_settings(cls, settings: Settings, environ: Mapping[str, str] | None = None) -> "AdmissionRules":
+        environ = os.environ if environ is None else environ
+        small = environ.get("PARLEY_ROUTE_SMALL_MAX_CHARS", "")
+        return cls(default_pool=settings.default_pool, max_message_chars=settings.max_message_chars,
+                   route_small_max_chars=int(small) if small else None,
+                   min_visible_chars=int(environ.get("PARLEY_MIN_VISIBLE_CHARS", cls.min_visible_chars)),
+                   history_allowance=int(environ.get("PARLEY_HISTORY_ALLOWANCE", cls.history_allowance)))
+
+
+def visible_chars(text: str) -> int:
+    """Characters a person can see: not whitespace, not control/format/unassigned code points."""
+    return sum(1 for ch in text if not ch.isspace() and unicodedata.category(ch)[0] != "C")
+
+
+def precheck(event: MessageSubmitted, rules: AdmissionRules) -> RequestRefused | None:
+    """The input safety check: refuse what no model should see, before any budget is touched."""
+    if len(event.content) > rules.max_message_chars:
+        return _refused(event, "too_long", 413, f"Your message is {len(event.content):,} characters; the limit "
+                                                f"is {rules.max_message_chars:,}. Shorten it and send again.")
+    if visible_chars(event.content) < rules.min_visible_chars:
+        return _refused(event, "invalid", 422, "Your message has no visible text — type something and send again.")
+    if event.pool is not None and event.pool not in POOLS:
+        return _refused(event, "invalid", 422, f"Unknown model pool {event.pool!r}; choose one of "
+                                               f"{', '.join(POOLS)}.")
+    return None
+
+
+def estimate_prompt(event: MessageSubmitted, rules: AdmissionRules) -> int:
+    return int(len(event.content) / rules.chars_per_token) + 1 + rules.history_allowance
+
+
+def route(event: MessageSubmitted, rules: AdmissionRules) -> tuple[str, str]:
+    """(pool, route_reason). The classifier is deliberately cheap: short and without code."""
+    if event.pool is not None:
+        return event.pool, "requested"
+    limit = rules.route_small_max_chars
+    if limit is not None and len(event.content.strip()) <= limit and "```" not in event.content:
+        return rules.small_pool, "classifier"
+    return rules.default_pool, "default"
+
+
+def reply_cap(event: MessageSubmitted, plan: Plan) -> int:
+    return plan.reply_cap if event.max_tokens is None else max(1, min(event.max_tokens, plan.reply_cap))
+
+
+def decide(event: MessageSubmitted, outcome: Reservation | Refusal, rules: AdmissionRules,
+           topics: Topics) -> list[Out]:
+    """What admission emits for a request, given what the quota answered."""
+    if isinstance(outcome, Refusal):
+        refused = _refused(event, outcome.reason, outcome.status, outcome.message, outcome.retry_after_s)
+        return [Out(topics.tokens, refused, event.generation_id)]
+    if outcome.state == "settled":
+        return []
+    pool, reason = route(event, rules)
+    admitted = RequestAdmitted(
+        generation_id=event.generation_id, conversation_id=event.conversation_id, user_id=event.user_id,
+        plan=event.plan, message_id=event.message_id, client_message_id=event.client_message_id,
+        content=event.content, pool=pool, parent_id=event.parent_id, regenerate=event.regenerate,
+        reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason)
+    return [Out(topics.admitted, admitted, event.conversation_id)]
+
+
+def _refused(event: MessageSubmitted, reason: Any, status: int, message: str,
+             retry_after_s: float | None = None) -> RequestRefused:
+    return RequestRefused(generation_id=event.generation_id, conversation_id=event.conversation_id,
+                          user_id=event.user_id, reason=reason, message=message, status=status,
+                          retry_after_s=retry_after_s)
+
+
+class Admission:
+    def __init__(self, quota: Quota, plans: Mapping[str, Plan], rules: AdmissionRules, topics: Topics) -> None:
+        self.quota, self.plans, self.rules, self.topics = quota, plans, rules, topics
+
+    async def handle(self, event: MessageSubmitted) -> list[Out]:
+        refused = precheck(event, self.rules)
+        if refused is not None:
+            log.info("generation %s refused: %s (%d)", event.generation_id, refused.reason, refused.status)
+            return [Out(self.topics.tokens, refused, event.generation_id)]
+        plan = self.plans[event.plan]
+        estimate = estimate_prompt(event, self.rules)
+        outcome = await self.quota.reserve(event.user_id, event.plan, event.generation_id, estimate,
+                                           reply_cap=reply_cap(event, plan), conversation_id=event.conversation_id)
+        outs = decide(event, outcome, self.rules, self.topics)
+        if isinstance(outcome, Refusal):
+            log.info("generation %s user %s refused: %s, retry after %.0f s", event.generation_id,
+                     event.user_id, outcome.reason, outcome.retry_after_s)
+        elif not outs:
+            log.info("generation %s already settled; redelivered request skipped", event.generation_id)
+        else:
+            log.info("generation %s user %s admitted: %d tokens reserved (%s), pool %s", event.generation_id,
+                     event.user_id, outcome.amount, outcome.state, outs[0].event.pool)  # type: ignore[attr-defined]
+        return outs
+
+
+def build_stage(settings: Settings, redis: Any, plans: Mapping[str, Plan], *, quota: Quota | None = None,
+                rules: AdmissionRules | None = None) -> Stage:
+    """The admission consumer group, ready for ``Stage.run`` / ``run_stages``."""
+    quota = quota or Quota(redis, plans, scope=settings.topic_prefix)
+    admission = Admission(quota, plans, rules or AdmissionRules.from_settings(settings),
+                          Topics(settings.topic_prefix))
+    return Stage("admission", settings, "requests", (MessageSubmitted,), admission.handle)

@@ -1,0 +1,73 @@
+"""The whole service, started once for the end-to-end tests, and users to call it with."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.settings import Settings
+from tests.e2e.service import Service, launch
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+
+
+@pytest.fixture(scope="session")
+def service(stack_settings: Settings) -> Iterator[Service]:
+    log_dir = ARTIFACTS / "e2e-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    svc = launch(stack_settings, log_dir, plans_file=Path(__file__).with_name("data") / "plans.toml")
+    yield svc
+    svc.stop()
+
+
+@dataclass
+class Caller:
+    user_id: str
+    token: str
+    plan: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+async def _make_user(settings: Settings, plan: str) -> Caller:
+    from infra.db.accounts import Accounts
+    from infra.db.session import AsyncSession, connect
+
+    cluster, session = connect(settings)
+    try:
+        user, token = await Accounts(AsyncSession(session)).create_user(plan)
+    finally:
+        cluster.shutdown()
+    return Caller(user.user_id, token, plan)
+
+
+@pytest.fixture
+async def alice(service: Service) -> Caller:
+    return await _make_user(service.settings, "paid")
+
+
+@pytest.fixture
+async def bob(service: Service) -> Caller:
+    return await _make_user(service.settings, "free")
+
+
+@pytest.fixture
+async def http(service: Service) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=service.url("gateway-a"), timeout=httpx.Timeout(120, connect=10)) as c:
+        yield c
+
+
+async def eventually(check, timeout: float = 30, every: float = 0.3):  # type: ignore[no-untyped-def]
+    """Poll ``check`` (async, returns a value or None) until it returns something truthy."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await check()
+        if value or asyncio.get_running_loop().time() > deadline:
+            return value
+        await asyncio.sleep(every)

@@ -1,0 +1,113 @@
+"""The whole service for end-to-end tests: real workers (vLLM on the CPU), stages, two gateways,
+started as separate processes by the same commands `parley up` uses, on a topic prefix of their own."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from infra.settings import Settings
+from topics.admin import ensure_topics
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    port: int | None = None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+        self.popen.wait(timeout=30)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class Service:
+    settings: Settings
+    env: dict[str, str]
+    log_dir: Path
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str, port: int | None = None) -> Proc:
+        log = self.log_dir / f"{name}.log"
+        popen = subprocess.Popen([sys.executable, "-m", "infra.cli", *args], env=self.env,
+                                 stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        proc = self.procs[name] = Proc(name, popen, log, port)
+        return proc
+
+    def wait_log(self, proc: Proc, needle: str, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if needle in proc.log.read_text(errors="replace"):
+                return
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"{proc.name} exited: {proc.log_tail()}")
+            time.sleep(0.5)
+        raise TimeoutError(f"{proc.name} not ready in {timeout:.0f}s: {proc.log_tail()}")
+
+    def start_gateway(self, name: str) -> Proc:
+        port = free_port()
+        proc = self.start(name, "gateway", "--port", str(port), port=port)
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    return proc
+            except httpx.HTTPError:
+                pass
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"{name} exited: {proc.log_tail()}")
+            time.sleep(0.3)
+        raise TimeoutError(f"{name} not ready: {proc.log_tail()}")
+
+    def url(self, gateway: str = "gateway-a") -> str:
+        return f"http://127.0.0.1:{self.procs[gateway].port}"
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            if proc.popen.poll() is None:
+                proc.kill(signal.SIGTERM)
+
+
+def launch(base: Settings, log_dir: Path, reader_timeout_s: float = 4.0, plans_file: Path | None = None) -> Service:
+    prefix = f"e2e{uuid.uuid4().hex[:8]}."
+    extra = {"PARLEY_PLANS_FILE": str(plans_file)} if plans_file else {}
+    env = dict(os.environ, **extra, PARLEY_TOPIC_PREFIX=prefix, PARLEY_KEYSPACE=base.keyspace,
+               PARLEY_READER_TIMEOUT_S=str(reader_timeout_s), PARLEY_POOL_LARGE_MAX_SEQS="8",
+               PARLEY_POOL_SMALL_MAX_SEQS="4", PARLEY_POOL_LARGE_KV_CACHE_GIB="1",
+               PARLEY_POOL_SMALL_KV_CACHE_GIB="1", PYTHONUNBUFFERED="1")
+    service = Service(base.with_(topic_prefix=prefix), env, log_dir)
+    ensure_topics(service.settings)
+    try:
+        workers = [service.start(f"worker-{p}", "worker", "--pool", p) for p in ("large", "small")]
+        stages = service.start("stages", "stages")
+        service.start_gateway("gateway-a")
+        service.start_gateway("gateway-b")
+        service.wait_log(stages, "stages ready", 180)
+        for w in workers:
+            service.wait_log(w, "worker ready", 400)
+    except BaseException:
+        service.stop()
+        raise
+    return service
