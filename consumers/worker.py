@@ -128,14 +128,23 @@ class GenerationWorker:
         got: dict[TopicPartition, list[Any]] = {}
         if paid:
             got = await self.consumer.getmany(*paid, timeout_ms=0, max_records=slots)
+            if not got and await self._paid_waiting(paid):
+                # Paid records exist but are not fetched yet: hold the free lane until they are.
+                self.consumer.pause(*free)
+                got = await self.consumer.getmany(*paid, timeout_ms=50, max_records=slots)
         if not got and free:
-            # Free records are taken only when no paid record is waiting; paid ones that arrive
-            # during this short wait are still taken first.
-            got = await self.consumer.getmany(timeout_ms=20, max_records=slots)
+            self.consumer.resume(*free)
+            got = await self.consumer.getmany(*free, timeout_ms=20, max_records=slots)
         elif not got:
             await asyncio.sleep(0.02)
-        ordered = sorted(got.items(), key=lambda item: (item[0].topic != self.paid, item[0].partition))
-        return [(tp, r) for tp, records in ordered for r in records]
+        return [(tp, r) for tp, records in sorted(got.items(), key=lambda i: i[0].partition) for r in records]
+
+    async def _paid_waiting(self, paid: list[TopicPartition]) -> bool:
+        for tp in paid:
+            high = self.consumer.highwater(tp)
+            if high is None or high > await self.consumer.position(tp):
+                return True  # unknown until the first fetch answers: assume paid work may be there
+        return False
 
     async def commit(self) -> None:
         offsets = self.tracker.committable()
