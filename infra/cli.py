@@ -21,8 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("consumers.worker_cli", "run one generation worker for a model pool"),
     "stages": ("consumers.stages_cli", "run the pipeline stages (admission, prompt, scheduler, persistence, ...)"),
     "gateway": ("producers.gateway.cli", "run one HTTP gateway"),
+    "chat": ("producers.chat_cli", "a terminal chat client: stream a reply, Ctrl-C stops it"),
     "capacity": ("infra.capacity", "the seed's capacity model, with your own inputs"),
     "lab": ("infra.lab.cli", "the batching lab: simulate one replica and the fleet spike"),
+    "billing": ("infra.billing", "`parley billing replay --since ISO --until ISO`: audit usage against the stores"),
 }
 
 
