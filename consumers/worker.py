@@ -18,6 +18,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 
 from consumers.engine import Sampling
 from consumers.generation import Finish, Generate, Limits, finished_event, plan, status_for
@@ -115,7 +116,13 @@ class GenerationWorker:
                 await self.commit()
                 continue
             self.consumer.resume(*self.consumer.assignment())
-            for tp, record in await self._poll(slots):
+            try:
+                polled = await self._poll(slots)
+            except (AssertionError, KafkaError) as exc:  # a rebalance moved partitions mid-poll: poll again
+                log.info("poll interrupted by a rebalance: %s", type(exc).__name__)
+                await asyncio.sleep(0.05)
+                continue
+            for tp, record in polled:
                 self.tracker.started(tp, record.offset)
                 self.active[f"{tp.topic}:{tp.partition}:{record.offset}"] = asyncio.create_task(
                     self._serve(tp, record))

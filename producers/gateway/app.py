@@ -34,10 +34,12 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
                   description="A chat service that streams LLM replies token by token over an event pipeline.")
     app.state.gateway = gateway
     _error_handlers(app)
-    from producers.gateway import routes_chat, routes_conversations
+    from producers.gateway import routes_chat, routes_conversations, routes_session, routes_web
 
+    app.include_router(routes_session.router)
     app.include_router(routes_conversations.router)
     app.include_router(routes_chat.router)
+    routes_web.mount(app)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
