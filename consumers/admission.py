@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from consumers.quota import Quota
 from consumers.quota_outcomes import Refusal, Reservation
@@ -39,7 +40,7 @@ class AdmissionRules:
     history_allowance: int = 1_000  # tokens for earlier turns; the prompt budget caps the real number
 
     @classmethod
-    def from_settings(cls, settings: Settings, environ: Mapping[str, str] | None = None) -> "AdmissionRules":
+    def from_settings(cls, settings: Settings, environ: Mapping[str, str] | None = None) -> AdmissionRules:
         environ = os.environ if environ is None else environ
         small = environ.get("PARLEY_ROUTE_SMALL_MAX_CHARS", "")
         return cls(default_pool=settings.default_pool, max_message_chars=settings.max_message_chars,
@@ -136,7 +137,7 @@ class Admission:
 def build_stage(settings: Settings, redis: Any, plans: Mapping[str, Plan], *, quota: Quota | None = None,
                 rules: AdmissionRules | None = None) -> Stage:
     """The admission consumer group, ready for ``Stage.run`` / ``run_stages``."""
-    quota = quota or Quota(redis, plans, scope=settings.topic_prefix)
+    quota = quota or Quota.configured(redis, plans, scope=settings.topic_prefix)
     admission = Admission(quota, plans, rules or AdmissionRules.from_settings(settings),
                           Topics(settings.topic_prefix))
     return Stage("admission", settings, "requests", (MessageSubmitted,), admission.handle)

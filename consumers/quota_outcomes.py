@@ -7,7 +7,7 @@ turn a ``Settled`` into ``UsageRecorded``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from infra.plans import Plan
@@ -76,11 +76,11 @@ class Settled:
 
 
 def utc_day(now: float) -> str:
-    return datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d")
 
 
 def next_midnight(now: float) -> float:
-    today = datetime.fromtimestamp(now, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     return (today + timedelta(days=1)).timestamp()
 
 

@@ -19,6 +19,7 @@ def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
     options: dict[str, object] = dict(
         broker=f"kafka://{settings.kafka_bootstrap}",
         store="memory://",
+        datadir=str(settings.state_dir / "faust" / f"{settings.topic_prefix}{stage}"),  # never in the repo
         value_serializer=CODEC_NAME,
         key_serializer="raw",
         topic_replication_factor=1,

@@ -1,0 +1,124 @@
+"""The reservation reaper: no budget stays locked when a reply's settlement never comes.
+
+Every ``interval_s`` it takes the reservations past their expiry (5 minutes by
+default), replays ``chat.replies`` (the usage log) from the oldest one's start and
+settles each with the real numbers if its ``GenerationFinished`` is there. If it
+is not, the reply never finished (a gateway or worker died): it releases the
+reservation, charging the prompt estimate and no reply tokens, status ``failed``.
+Then it publishes any settled-but-unpublished usage left by a crashed settlement.
+
+``Quota.settle`` is exactly-once, so the reaper and settlement may race on one
+generation: whichever comes second changes nothing. A reply that finishes after
+its reservation was released is therefore not charged (under-charge, never double).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from consumers.kafka import make_producer, send
+from consumers.quota import Quota
+from consumers.quota_outcomes import Reservation, Settled
+from infra.plans import Plan
+from infra.settings import Settings
+from schemas import GenerationFinished, UsageRecorded
+from streams.replay import replay
+from streams.settlement import publish_usage
+from topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+class Reaper:
+    name = "reaper"
+
+    def __init__(self, settings: Settings, quota: Quota, *, interval_s: float = 30.0, outbox_grace_s: float = 30.0,
+                 replay_margin_s: float = 60.0) -> None:
+        """``outbox_grace_s``: how long settlement gets to publish its own record before the reaper does."""
+        self.settings, self.quota, self.topics = settings, quota, Topics(settings.topic_prefix)
+        self.interval_s, self.outbox_grace_s, self.replay_margin_s = interval_s, outbox_grace_s, replay_margin_s
+        self.producer = make_producer(settings.kafka_bootstrap)
+        self._stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        await self.producer.start()
+        log.info("reaper sweeping every %.1f s", self.interval_s)
+        try:
+            while not self._stopping.is_set():
+                await self.sweep()
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), self.interval_s)
+                except TimeoutError:
+                    pass
+        finally:
+            await self.producer.stop()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def sweep(self, now: float | None = None) -> list[Settled]:
+        """One pass; the generations this pass settled or published."""
+        now = time.time() if now is None else now
+        done = await self._reap(now)
+        for marker in await self.quota.unpublished(self.outbox_grace_s, now):
+            log.info("generation %s settled but unpublished for %.0f s; publishing", marker.generation_id,
+                     now - marker.settled_at)
+            await publish_usage(self.quota, self._send, marker)
+            done.append(marker)
+        return done
+
+    async def _reap(self, now: float) -> list[Settled]:
+        # 1. Expired reservations still present (the settled ones left the expiry set atomically).
+        expired = []
+        for generation_id in await self.quota.expired(now):
+            reservation = await self.quota.reservation(generation_id)
+            if reservation is None:
+                await self.quota.forget_expired(generation_id)
+            else:
+                expired.append(reservation)
+        if not expired:
+            return []
+        # 2. One replay of the usage log covers them all.
+        wanted = {r.generation_id for r in expired}
+        since = min(r.created_at for r in expired) - self.replay_margin_s
+        finished: dict[str, GenerationFinished] = {}
+        async for event in replay(self.settings.kafka_bootstrap, self.topics.replies, since, (GenerationFinished,)):
+            if isinstance(event, GenerationFinished) and event.generation_id in wanted:
+                finished[event.generation_id] = event
+        # 3. Settle each with what really happened; publish at once.
+        done = []
+        for reservation in expired:
+            marker = await self._settle(reservation, finished.get(reservation.generation_id))
+            if marker is not None:
+                await publish_usage(self.quota, self._send, marker)
+                done.append(marker)
+        return done
+
+    async def _settle(self, r: Reservation, reply: GenerationFinished | None) -> Settled | None:
+        if reply is not None:
+            log.info("generation %s reservation expired; settling from its reply: in %d, out %d",
+                     r.generation_id, reply.usage.prompt_tokens, reply.usage.completion_tokens)
+            return await self.quota.settle(
+                r.generation_id, reply.usage.prompt_tokens, reply.usage.completion_tokens,
+                tokens_cached=reply.usage.cached_prompt_tokens, status=reply.status, model=reply.model,
+                pool=reply.pool, started_at=reply.started_at, finished_at=reply.at)
+        log.warning("generation %s user %s reservation expired with no finished reply (gateway or worker lost "
+                    "it); releasing %d of %d reserved tokens, charging the %d-token prompt estimate",
+                    r.generation_id, r.user_id, r.amount - r.prompt_tokens, r.amount, r.prompt_tokens)
+        return await self.quota.settle(r.generation_id, r.prompt_tokens, 0, status="failed",
+                                       started_at=r.created_at)
+
+    async def _send(self, record: UsageRecorded) -> None:
+        await send(self.producer, self.topics.usage, record, key=record.user_id)
+
+
+def build_stage(settings: Settings, redis: Any, db: Any, plans: Mapping[str, Plan], *,
+                environ: Mapping[str, str] | None = None) -> Reaper:
+    """The reaper for ``run_stages`` (``consumers/wiring.py``); ``PARLEY_REAPER_INTERVAL_S`` sets the period."""
+    environ = os.environ if environ is None else environ
+    return Reaper(settings, Quota.configured(redis, plans, scope=settings.topic_prefix, environ=environ),
+                  interval_s=float(environ.get("PARLEY_REAPER_INTERVAL_S", 30)))

@@ -1,0 +1,123 @@
+"""Settlement (faust app ``settlement``): ``GenerationFinished`` on ``chat.replies`` ->
+``UsageRecorded`` on ``usage`` (keyed by user).
+
+Charges the real tokens, gives back the unused reservation and frees the running
+slot (``Quota.settle``, one Lua script, exactly once per generation). The settled
+marker doubles as an outbox: it holds every UsageRecorded field and a
+``published`` flag set only after Kafka acknowledged the record. So:
+
+- a redelivered reply (or a restart before the offset commit) settles nothing
+  again, but publishes the record if the earlier attempt died before the ack;
+- a crash between the ack and the flag re-sends the same record once; the usage
+  rollup and billing dedupe by generation_id.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import faust
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from consumers.quota import Quota
+from consumers.quota_outcomes import Settled
+from infra.plans import Plan
+from infra.settings import Settings
+from schemas import GenerationFinished, UsageRecorded
+from streams.app import FaustStage, make_app, topic
+from topics import Topics
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[UsageRecorded], Awaitable[None]]
+
+
+async def publish_usage(quota: Quota, send: Send, marker: Settled) -> None:
+    """Send the marker's UsageRecorded, wait for the ack, then flag it published."""
+    await send(marker.usage_recorded())
+    await quota.mark_published(marker.generation_id)
+    log.info("generation %s user %s usage recorded: day %s, in %d, out %d, charged %d of %d reserved (%s)",
+             marker.generation_id, marker.user_id, marker.day, marker.tokens_in, marker.tokens_out, marker.charged,
+             marker.reserved, marker.status)
+
+
+class Settlement:
+    def __init__(self, quota: Quota, send: Send, retry_s: float = 0.5) -> None:
+        self.quota, self.send, self.retry_s = quota, send, retry_s
+
+    async def handle(self, finished: GenerationFinished) -> Settled | None:
+        """Settle one reply; the marker whose usage this call published, or None if there was nothing to do."""
+        if finished.purpose != "reply":
+            return None  # titles and summaries are the service's own calls, never reserved
+        # 1. Redis unreachable is recoverable: wait rather than skip a charge or crash the agent.
+        marker = await self._retrying(self._settle, finished)
+        # 2. A redelivery: already settled; publish only if that attempt never reached Kafka.
+        if marker is None:
+            marker = await self._retrying(self.quota.settled, finished.generation_id)
+            if marker is None:
+                log.warning("generation %s has no reservation and no settlement (never reserved, or settled "
+                            "more than the marker's lifetime ago)", finished.generation_id)
+                return None
+            if marker.published:
+                log.info("generation %s already settled and recorded; duplicate skipped", finished.generation_id)
+                return None
+        await publish_usage(self.quota, self.send, marker)
+        return marker
+
+    async def _settle(self, finished: GenerationFinished) -> Settled | None:
+        usage = finished.usage
+        return await self.quota.settle(
+            finished.generation_id, usage.prompt_tokens, usage.completion_tokens,
+            tokens_cached=usage.cached_prompt_tokens, status=finished.status, model=finished.model,
+            pool=finished.pool, started_at=finished.started_at, finished_at=finished.at)
+
+    async def _retrying(self, call: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
+        delay = self.retry_s
+        while True:
+            try:
+                return await call(arg)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                log.warning("settlement waiting for Redis (%s); retry in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+
+def faust_sender(usage: faust.TopicT) -> Send:
+    async def send(record: UsageRecorded) -> None:
+        # force=True: publish now and wait for the ack (faust would otherwise defer the
+        # send to the source offset's commit, after the marker was already flagged).
+        pending = await usage.send(key=record.user_id.encode(), value=record, force=True)
+        await pending
+
+    return send
+
+
+def build_app(settings: Settings, redis: Any, plans: Mapping[str, Plan], *, quota: Quota | None = None) -> faust.App:
+    """The settlement faust app; start it with ``await app.start()`` (or ``build_stage`` for ``run_stages``)."""
+    app = make_app("settlement", settings, datadir=faust_datadir(settings, "settlement"))
+    topics = Topics(settings.topic_prefix)
+    settlement = Settlement(quota or Quota.configured(redis, plans, scope=settings.topic_prefix),
+                            faust_sender(topic(app, topics, "usage")))
+
+    @app.agent(topic(app, topics, "replies"))
+    async def settle(stream: faust.StreamT) -> None:
+        async for finished in stream:
+            if isinstance(finished, GenerationFinished):
+                await settlement.handle(finished)
+
+    return app
+
+
+def faust_datadir(settings: Settings, stage: str) -> str:
+    """Faust writes a data folder even with in-memory tables; keep it in the state dir, not the working dir."""
+    parent = settings.state_dir / "faust"
+    parent.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
+    return str(parent / f"{settings.topic_prefix}{stage}")
+
+
+def build_stage(settings: Settings, redis: Any, db: Any, plans: Mapping[str, Plan]) -> FaustStage:
+    """Settlement for ``run_stages`` (``consumers/wiring.py``); ``db`` is unused, kept for the common shape."""
+    return FaustStage("settlement", build_app(settings, redis, plans))
