@@ -12,7 +12,7 @@ import logging
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from consumers.prompt_fit import Turn, fit
+from consumers.prompt_fit import Turn, fit, fit_history
 from consumers.stage import Out
 from infra.db.conversations import Conversations, Message
 from infra.db.records import Records
@@ -39,9 +39,13 @@ class PromptBuilder:
             return []
         turn, user_message_id, user_text = placed
         tok = self.tokenizer_for_pool(req.pool)
-        turns = _turns(history, turn, user_text)
-        summary = await self.records.latest_summary(req.conversation_id)
-        fitted = fit(turns, tok.count, self.budget, (summary.upto_turn, summary.summary) if summary else None)
+        if req.history is not None:  # the client sent the whole history (OpenAI-compatible API)
+            summary = None
+            fitted = fit_history([(t.role, t.content) for t in req.history], tok.count, self.budget)
+        else:
+            turns = _turns(history, turn, user_text)
+            summary = await self.records.latest_summary(req.conversation_id)
+            fitted = fit(turns, tok.count, self.budget, (summary.upto_turn, summary.summary) if summary else None)
         ids = tok.chat_ids(fitted.messages)
         context = self.max_model_len(req.pool)
         if len(ids) + 1 > context:
@@ -55,8 +59,9 @@ class PromptBuilder:
             plan=req.plan, pool=req.pool, user_message_id=user_message_id, assistant_message_id=req.generation_id,
             turn=turn, prompt_token_ids=ids, max_tokens=min(req.reply_cap, context - len(ids) - 1),
             reserved_tokens=req.reserved_tokens, turns_kept=fitted.turns_kept, summary_used=fitted.summary_used,
-            route_reason=req.route_reason), req.conversation_id)]
-        if fitted.dropped_upto_turn is not None and (summary is None or summary.upto_turn < fitted.dropped_upto_turn):
+            route_reason=req.route_reason, temperature=req.temperature), req.conversation_id)]
+        if req.history is None and fitted.dropped_upto_turn is not None and (
+                summary is None or summary.upto_turn < fitted.dropped_upto_turn):
             outs.append(self._summary_request(req, turns, fitted.dropped_upto_turn, tok, context))
         log.info("generation %s prompt built: turn %d, %d tokens, %d turns kept, summary %s", req.generation_id,
                  turn, len(ids), fitted.turns_kept, fitted.summary_used)

@@ -62,3 +62,23 @@ def _cost(t: Turn, count: Callable[[str], int]) -> int:
     if t.assistant is not None:
         cost += count(t.assistant) + PER_MESSAGE_OVERHEAD
     return cost
+
+
+def fit_history(messages: Sequence[tuple[str, str]], count: Callable[[str], int], budget: int) -> Fitted:
+    """A client-supplied history: the shared system prompt, the client's system messages, then the
+    newest other messages that fit (the last one, the question, always)."""
+    system = [c for r, c in messages if r == "system"]
+    rest = [(r, c) for r, c in messages if r != "system"]
+    used = sum(count(c) + PER_MESSAGE_OVERHEAD for c in [SYSTEM_PROMPT, *system])
+    kept: list[tuple[str, str]] = []
+    for role, content in reversed(rest):
+        cost = count(content) + PER_MESSAGE_OVERHEAD
+        if kept and used + cost > budget:
+            break
+        kept.append((role, content))
+        used += cost
+    kept.reverse()
+    out = [{"role": "system", "content": SYSTEM_PROMPT}] + [{"role": "system", "content": c} for c in system]
+    out += [{"role": r, "content": c} for r, c in kept]
+    dropped = len(rest) - len(kept)
+    return Fitted(out, len(kept), dropped - 1 if dropped else None, False)

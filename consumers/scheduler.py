@@ -64,7 +64,8 @@ class Scheduler:
                 priority=0 if decision.lane == "paid" else 10, message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
                 route_reason=decision.reason if decision.reason == "overflow" else p.route_reason,
-                enqueued_at=time.time()), p.conversation_id, partition),
+                enqueued_at=time.time(), **({} if p.temperature is None else {"temperature": p.temperature})),
+                p.conversation_id, partition),
         ]
 
     def _partition(self, topic: str, pool: str, lane: str, conversation_id: str) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas.base import Event
-from schemas.gateway import Plan
+from schemas.gateway import ChatTurn, Plan
 
 
 class RequestAdmitted(Event, frozen=True, kw_only=True):
@@ -23,6 +23,8 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     reply_cap: int
     reserved_tokens: int
     route_reason: str = "default"  # why this pool: default, requested, classifier
+    temperature: float | None = None
+    history: list[ChatTurn] | None = None
 
 
 RefusalReason = Literal[

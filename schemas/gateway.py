@@ -3,9 +3,18 @@ from __future__ import annotations
 
 from typing import Literal
 
+import msgspec
+
 from schemas.base import Event
 
 Plan = Literal["free", "paid"]
+
+
+class ChatTurn(msgspec.Struct, frozen=True):
+    """One message of a history the client sends whole (the OpenAI-compatible API)."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
 
 
 class MessageSubmitted(Event, frozen=True, kw_only=True):
@@ -22,6 +31,8 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     parent_id: str | None = None  # set for a regenerate: the user message being answered again
     regenerate: bool = False
     max_tokens: int | None = None
+    temperature: float | None = None
+    history: list[ChatTurn] | None = None  # set: the prompt is this history, not the stored conversation
     gateway_id: str = ""
 
 

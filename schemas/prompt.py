@@ -22,3 +22,4 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     turns_kept: int = 0
     summary_used: bool = False
     route_reason: str = "default"
+    temperature: float | None = None

@@ -45,3 +45,14 @@ def test_stale_summary_is_not_used() -> None:
 def test_current_turn_is_kept_even_when_over_budget() -> None:
     fitted = fit([Turn(0, "x " * 500, None)], words, 10)
     assert fitted.turns_kept == 1
+
+
+def test_client_history_keeps_system_messages_and_newest_turns() -> None:
+    from consumers.prompt_fit import fit_history
+
+    history = [("system", "be terse"), ("user", "a " * 50), ("assistant", "b " * 50), ("user", "question?")]
+    budget = words(SYSTEM_PROMPT) + 2 + 3 * PER_MESSAGE_OVERHEAD + 1 + 60
+    fitted = fit_history(history, words, budget)
+    roles = [m["role"] for m in fitted.messages]
+    assert roles == ["system", "system", "assistant", "user"]  # the oldest user turn fell out
+    assert fitted.messages[0]["content"] == SYSTEM_PROMPT and fitted.messages[-1]["content"] == "question?"
