@@ -6,6 +6,7 @@ reactor and bridge each ``ResponseFuture`` onto the running loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Sequence
 
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
@@ -13,6 +14,17 @@ from cassandra.policies import DCAwareRoundRobinPolicy
 from cassandra.query import PreparedStatement
 
 from infra.settings import Settings
+
+
+class _PreparedKeyspaceNotice(logging.Filter):
+    """Cassandra 5 warns on every statement prepared with a keyspace, even when no `USE` was issued
+    (the protocol's per-statement keyspace is exactly the unambiguous form it recommends)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`USE <keyspace>` with prepared statements" not in record.getMessage()
+
+
+logging.getLogger("cassandra.protocol").addFilter(_PreparedKeyspaceNotice())
 
 
 def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Session]:

@@ -17,11 +17,11 @@ from producers.gateway.sse import KEEPALIVE, frame, is_last, to_sse
 
 async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, since_ms: int,
                  queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None,
-                 keepalive_s: float, heartbeat: Callable[[], Awaitable[None]],
+                 keepalive_s: float, beat_every_s: float, heartbeat: Callable[[], Awaitable[None]],
                  saved: Callable[[], Awaitable[list[bytes]]]) -> AsyncIterator[bytes]:
     """``queue``/``first``: a live subscription made before the request was produced (no replay needed)."""
     live = queue if queue is not None else relay.subscribe(generation_id)
-    beat = asyncio.create_task(_beat(heartbeat, keepalive_s))
+    beat = asyncio.create_task(_beat(heartbeat, beat_every_s))
     last = after if after is not None else -1
     try:
         if first is not None:
@@ -75,7 +75,7 @@ async def _beat(heartbeat: Callable[[], Awaitable[None]], every_s: float) -> Non
     while True:
         with contextlib.suppress(Exception):  # a missed beat only risks a cancel after the timeout
             await heartbeat()
-        await asyncio.sleep(min(every_s, 5.0))
+        await asyncio.sleep(every_s)
 
 
 def saved_frames(message: Any) -> list[bytes]:

@@ -90,7 +90,7 @@ class Service:
                 proc.kill(signal.SIGTERM)
 
 
-def launch(base: Settings, log_dir: Path, reader_timeout_s: float = 4.0, plans_file: Path | None = None) -> Service:
+def launch(base: Settings, log_dir: Path, reader_timeout_s: float = 3.0, plans_file: Path | None = None) -> Service:
     prefix = f"e2e{uuid.uuid4().hex[:8]}."
     extra = {"PARLEY_PLANS_FILE": str(plans_file)} if plans_file else {}
     env = dict(os.environ, **extra, PARLEY_TOPIC_PREFIX=prefix, PARLEY_KEYSPACE=base.keyspace,
