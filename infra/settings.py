@@ -5,6 +5,7 @@ Every default runs locally with no configuration at all. Handlers never read
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,6 +17,26 @@ def _env(name: str, default: str) -> str:
 
 def _env_int(name: str, default: int) -> int:
     return int(_env(name, str(default)))
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = _env(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"PARLEY_{name} must be true or false, not {raw!r}")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,7 @@ class Settings:
     max_message_chars: int = 32_000
     reader_timeout_s: float = 30.0  # a reply nobody reads for this long is cancelled
     admission_wait_s: float = 10.0  # how long a POST waits for admission before streaming anyway
+    local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -69,6 +91,7 @@ class Settings:
             max_message_chars=_env_int("MAX_MESSAGE_CHARS", cls.max_message_chars),
             reader_timeout_s=float(_env("READER_TIMEOUT_S", str(cls.reader_timeout_s))),
             admission_wait_s=float(_env("ADMISSION_WAIT_S", str(cls.admission_wait_s))),
+            local_mode=_env_bool("LOCAL_MODE", is_loopback(cls.host)),
         )
 
     def with_(self, **changes: object) -> "Settings":

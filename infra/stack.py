@@ -1,17 +1,26 @@
 """The local stack — Kafka (KRaft), Cassandra and Redis — as three processes that `parley up` starts
-and owns.  Jars and the Maven repository live in ``settings.cache_dir``; config, data, logs and pid
-files in ``settings.state_dir``; nothing in the repository.
+and owns, and on top of it the service's own processes (a generation worker per pool, the stages
+process, the gateway; see :mod:`infra.services.apps`).  Jars and the Maven repository live in
+``settings.cache_dir``; config, data, logs and pid files in ``settings.state_dir``; nothing in the
+repository.
 
-    up(settings)      start what is not running (idempotent), then apply CQL migrations and topics
-    down(settings)    stop the processes we started, and only those
-    status(settings)  ask each service whether it answers, and its version
+    up(settings)          the backbone only: start what is not running (idempotent), then apply CQL
+                          migrations and topics (what the test suite uses)
+    up_service(settings)  the backbone, then workers, stages and gateway, then the demo user
+    down(settings)        stop the service processes, then the backbone; only processes we started
+    status(settings)      ask each backbone service whether it answers, and its version
+    status_apps(settings) each service process: running or not, pid, port
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import fcntl
+import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +29,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from infra.errors import StackError
-from infra.services import java, process
+from infra.errors import PortInUse, StackError
+from infra.services import apps, java, process
+from infra.services.apps import App, AppSpec, LogWatch
 from infra.services.base import Probe, Service
 from infra.services.cassandra import Cassandra
 from infra.services.kafka import Kafka
@@ -193,12 +203,24 @@ def _orphans(service: Service) -> list[int]:
     return found
 
 
-def down(settings: Settings, timeout: float = STOP_TIMEOUT_S) -> list[str]:
-    """Stop the processes `parley up` started (SIGTERM, then SIGKILL after ``timeout``); one line per
-    service saying what happened.  Data is kept."""
+def down(
+    settings: Settings,
+    timeout: float = STOP_TIMEOUT_S,
+    *,
+    keep_backbone: bool = False,
+    app_timeout: float = apps.STOP_TIMEOUT_S,
+) -> list[str]:
+    """Stop the service processes `parley up` started (gateway, then stages, then the workers; each
+    with its process group, SIGKILL after ``app_timeout``), then, unless ``keep_backbone``, the
+    backbone (SIGTERM, then SIGKILL after ``timeout``); one line per process saying what happened.
+    Data is kept."""
     stack = services(settings)
-    with _lock(settings), ThreadPoolExecutor(max_workers=len(stack)) as pool:
-        lines = list(pool.map(lambda s: s.stop(timeout), stack))
+    with _lock(settings):
+        lines = _stop_apps(settings, app_timeout)
+        if keep_backbone:
+            return lines
+        with ThreadPoolExecutor(max_workers=len(stack)) as pool:
+            lines += list(pool.map(lambda s: s.stop(timeout), stack))
         for service in stack:
             for pid in _orphans(service):
                 lines.append(f"{service.name}: {process.stop(pid, timeout)} (pid {pid}, had no pid file)")
@@ -213,3 +235,265 @@ def status(settings: Settings) -> list[ServiceStatus]:
     with ThreadPoolExecutor(max_workers=len(stack)) as pool:
         probes = list(pool.map(lambda s: s.probe(timeout=5.0), stack))
     return [_status_of(s, p) for s, p in zip(stack, probes)]
+
+
+# ------------------------------------------------------------------------------------------- the service
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    name: str
+    pid: int | None  # ours, alive; None otherwise
+    port: int | None
+    running: bool  # ours and alive, or (gateway) answering though not ours
+    ready: bool
+    started_by_up: bool  # `up` left a record of starting it and `down` has not stopped it since
+    detail: str
+    log_file: Path
+    seconds: float | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class DemoUser:
+    user_id: str
+    plan: str
+    token: str
+    keyspace: str
+    created_at: str
+
+
+@dataclass(frozen=True)
+class ServiceReport:
+    backbone: list[ServiceStatus]
+    processes: list[ProcessStatus]
+    demo: DemoUser | None
+    demo_is_new: bool
+    url: str
+    docs_url: str
+
+
+def app_specs(settings: Settings, *, workers: bool = True) -> list[AppSpec]:
+    """The service processes for the current configuration: a worker per pool in ``load_pools``."""
+    pools: list[str] = []
+    if workers:
+        from infra.pools import PoolConfigError, load_pools
+
+        try:
+            pools = list(load_pools(settings))
+        except PoolConfigError as exc:
+            raise StackError(
+                f"engine pools: {exc}",
+                hint="fix infra/pools.toml, PARLEY_POOLS_FILE or the PARLEY_POOL_* variable it names; "
+                "or start without workers: `parley up --no-workers`",
+            ) from exc
+    return apps.specs(settings, pools, workers=workers)
+
+
+def _known_apps(settings: Settings) -> dict[str, App]:
+    """What `up` recorded starting, plus what the configuration would start."""
+    known = {app.name: app for app in App.recorded(settings)}
+    try:
+        configured = app_specs(settings)
+    except StackError:
+        configured = apps.specs(settings, [], workers=False)
+    for spec in configured:
+        known.setdefault(spec.name, App(spec, settings))
+    return known
+
+
+def start_apps(
+    settings: Settings, wanted: list[AppSpec], console: Console | None = None
+) -> list[ProcessStatus]:
+    """Start each process in ``wanted`` that is not running (each in its own session and process
+    group), then wait for all of them at once until ready.  Processes already running are reused."""
+    procs = [App(spec, settings) for spec in wanted]
+    with _lock(settings):
+        plan: dict[str, tuple[int | None, str, LogWatch | None]] = {}
+        to_launch: list[App] = []
+        for app in procs:
+            pid = app.our_pid()
+            if pid is not None:
+                plan[app.name] = (pid, "already running", None)
+                continue
+            if process.read_pid(app.pid_file) is not None:
+                app.stop()  # a stale pid file; kills leftover children of a crashed worker
+            if app.port_busy():
+                if app.spec.ready_url is not None and apps.http_ok(app.spec.ready_url):
+                    plan[app.name] = (None, "already answering (not started by parley)", None)
+                    continue
+                raise PortInUse(
+                    f"{app.name}: port {app.spec.port} on {settings.host} is in use by "
+                    f"{process.describe_holders(app.spec.port or 0)}, which `parley up` did not start",
+                    hint=f"stop that process, or choose another port (PARLEY_{app.spec.kind.upper()}_PORT)",
+                )
+            to_launch.append(app)
+        for app in to_launch:
+            pid, watch = app.launch()
+            _say(console, f"{app.name}: starting (pid {pid}, log {app.log_file})")
+            plan[app.name] = (pid, "started", watch)
+
+        def wait(app: App) -> float:
+            pid, _, watch = plan[app.name]
+            return app.wait_ready(pid, watch)
+
+        waited: dict[str, float] = {}
+        errors: list[StackError] = []
+        with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
+            futures = {app.name: pool.submit(wait, app) for app in procs}
+            for app in procs:
+                try:
+                    waited[app.name] = futures[app.name].result()
+                    where = f" on port {app.spec.port}" if app.spec.port else ""
+                    _say(console, f"{app.name}: ready{where} after {waited[app.name]:.1f} s")
+                except StackError as exc:
+                    errors.append(exc)
+        if errors:
+            _fail(errors, "service processes failed to start; `parley down` stops the others")
+
+    return [
+        ProcessStatus(
+            app.name,
+            plan[app.name][0],
+            app.spec.port,
+            True,
+            True,
+            app.record_file.exists(),
+            f"{plan[app.name][1]}; log {app.log_file}",
+            app.log_file,
+            waited[app.name],
+        )
+        for app in procs
+    ]
+
+
+def _fail(errors: list[StackError], summary: str) -> None:
+    if len(errors) == 1:
+        raise errors[0]
+    raise StackError(f"{len(errors)} {summary}", log_tail="\n\n".join(str(e) for e in errors))
+
+
+def stop_apps(settings: Settings, timeout: float = apps.STOP_TIMEOUT_S) -> list[str]:
+    with _lock(settings):
+        return _stop_apps(settings, timeout)
+
+
+def _stop_apps(settings: Settings, timeout: float) -> list[str]:
+    known = _known_apps(settings)
+    lines: list[str] = []
+    for tier in apps.stop_tiers(known):
+        with ThreadPoolExecutor(max_workers=len(tier)) as pool:
+            lines += [line for line in pool.map(lambda n: known[n].stop(timeout), tier) if line]
+    return lines
+
+
+def status_apps(settings: Settings) -> list[ProcessStatus]:
+    """Each service process, configured or recorded: whether it runs, its pid and port, and whether
+    it is ready yet."""
+    found = []
+    for app in _known_apps(settings).values():
+        pid = app.our_pid()
+        recorded = app.record_file.exists()
+        if pid is not None:
+            ready = app.is_ready()
+            detail = f"{'ready' if ready else 'starting'}; log {app.log_file}"
+            found.append(ProcessStatus(app.name, pid, app.spec.port, True, ready, recorded, detail, app.log_file))
+            continue
+        answering = app.spec.ready_url is not None and app.port_busy() and apps.http_ok(app.spec.ready_url)
+        if answering:
+            detail = "answering, but not started by parley"
+        elif recorded:
+            detail = f"exited; read {app.log_file}"
+        else:
+            detail = "not started (`parley up` starts it)"
+        found.append(
+            ProcessStatus(app.name, None, app.spec.port, answering, answering, recorded, detail, app.log_file)
+        )
+    order = {"worker": 0, "stages": 1, "gateway": 2}
+    return sorted(found, key=lambda p: (order.get(p.name.split("-")[0], 3), p.name))
+
+
+# ------------------------------------------------------------------------------------------- demo user
+
+
+def demo_file(settings: Settings) -> Path:
+    return settings.state_dir / "demo-user.json"
+
+
+def load_demo_user(path: Path) -> DemoUser | None:
+    try:
+        data = json.loads(path.read_text())
+        return DemoUser(**{k: str(data[k]) for k in ("user_id", "plan", "token", "keyspace", "created_at")})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_demo_user(path: Path, user: DemoUser) -> None:
+    """Write readable by its owner only (it holds a bearer token), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask or an older file said
+        os.write(fd, (json.dumps(user.__dict__, indent=1) + "\n").encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+async def _demo_user(settings: Settings, saved: DemoUser | None) -> tuple[DemoUser, bool]:
+    from infra.db.accounts import Accounts
+    from infra.db.session import AsyncSession, connect
+
+    cluster, session = connect(settings)
+    try:
+        accounts = Accounts(AsyncSession(session))
+        reusable = saved is not None and saved.keyspace == settings.keyspace
+        if saved is not None and reusable and await accounts.user_for_token(saved.token) is not None:
+            return saved, False
+        user, token = await accounts.create_user("free", "demo")
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        return DemoUser(user.user_id, "free", token, settings.keyspace, stamp), True
+    finally:
+        cluster.shutdown()
+
+
+def ensure_demo_user(settings: Settings) -> tuple[DemoUser, bool]:
+    """The demo user (free plan) from ``state_dir/demo-user.json``, created on first use, or again
+    when its token no longer resolves (the keyspace was changed or wiped).  True when new."""
+    path = demo_file(settings)
+    user, new = asyncio.run(_demo_user(settings, load_demo_user(path)))
+    if new:
+        save_demo_user(path, user)
+    return user, new
+
+
+# ------------------------------------------------------------------------------------------- up_service
+
+
+def up_service(
+    settings: Settings,
+    console: Console | None = None,
+    *,
+    workers: bool = True,
+    timeout: float = START_TIMEOUT_S,
+    worker_timeout: float | None = None,
+) -> ServiceReport:
+    """The whole service: the backbone (as :func:`up`), then a worker per pool (unless ``workers`` is
+    False), the stages process and the gateway, all started at once; then the demo user."""
+    wanted = app_specs(settings, workers=workers)
+    missing = apps.missing_subcommands(wanted)
+    if missing:
+        raise StackError(
+            f"`parley {'`, `parley '.join(missing)}` is not available: infra/cli.py does not register it",
+            hint="start only Kafka, Cassandra and Redis with `parley up --backbone-only`",
+        )
+    if worker_timeout is not None:
+        wanted = [
+            dataclasses.replace(s, timeout=worker_timeout) if s.kind == "worker" else s for s in wanted
+        ]
+    backbone = up(settings, console, timeout)
+    processes = start_apps(settings, wanted, console)
+    demo, new = ensure_demo_user(settings)
+    return ServiceReport(
+        backbone, processes, demo, new, apps.gateway_url(settings, "/"), apps.gateway_url(settings, "/docs")
+    )

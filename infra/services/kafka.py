@@ -47,8 +47,13 @@ def running_version(cmdline: list[str]) -> str | None:
 
 
 def random_cluster_id() -> str:
-    """Kafka's Uuid text form: 16 random bytes, URL-safe base64 without padding (22 characters)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """Kafka's Uuid text form: 16 random bytes, URL-safe base64 without padding (22 characters).
+    Like Kafka's own ``Uuid.randomUuid``, never one that starts with "-": ``kafka-storage format
+    --cluster-id -x...`` reads it as an option and fails (1 fresh start in 64 did)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 def server_properties(host: str, port: int, controller_port: int, data_dir: Path) -> dict[str, str]:
@@ -142,7 +147,7 @@ class Kafka(Service):
         if (self.data_dir / "meta.properties").exists():
             return  # formatted once already; formatting again would refuse or wipe nothing
         id_file = self.home / "cluster.id"
-        if not id_file.exists():
+        if not id_file.exists() or id_file.read_text().startswith("-"):  # never formatted with that one
             id_file.write_text(random_cluster_id() + "\n")
         cluster_id = id_file.read_text().strip()
         cmd = [

@@ -68,11 +68,46 @@ def proc_state(pid: int, proc: Path = Path("/proc")) -> str | None:
     return stat[stat.rfind(")") + 2 :].split(" ", 1)[0] or None
 
 
-def is_alive(pid: int) -> bool:
-    """True for a live process; a zombie (exited, not yet reaped) counts as dead."""
+def parse_stat(stat: str) -> tuple[str, int, int, int]:
+    """(state, ppid, process group, session) from the text of /proc/PID/stat."""
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[3])
+
+
+def group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Live (not zombie) processes in process group ``pgid`` whose session is also ``pgid``: what
+    :func:`start` started (its own session and group, led by the pid it returned) and every child that
+    did not leave, such as vLLM's engine-core process.  While any member lives, the kernel does not
+    hand that number to a new process, so a match is ours even after the leader has exited."""
+    _reap(pgid)  # a leader we started and that has exited must not linger as a zombie
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, _ppid, pgrp, sid = parse_stat((entry / "stat").read_text())
+        except (OSError, ValueError, IndexError):
+            continue
+        if pgrp == pgid and sid == pgid and (state not in ("Z", "X") or is_alive(int(entry.name), proc)):
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def is_alive(pid: int, proc: Path = Path("/proc")) -> bool:
+    """True for a live process; a zombie (exited, not yet reaped) counts as dead.  A leader thread
+    shows as a zombie while the process's other threads still run (a JVM shutting down, its ports
+    still bound): that counts as alive until the last thread has gone."""
     _reap(pid)
-    state = proc_state(pid)
-    return state is not None and state not in ("Z", "X")
+    state = proc_state(pid, proc)
+    if state is None or state == "X":
+        return False
+    if state != "Z":
+        return True
+    try:
+        tasks = [t.name for t in (proc / str(pid) / "task").iterdir() if t.name != str(pid)]
+    except OSError:
+        return False
+    return any(proc_state(int(t), proc / str(pid) / "task") not in (None, "Z", "X") for t in tasks)
 
 
 def proc_exe(pid: int) -> str | None:
@@ -298,3 +333,29 @@ def stop(pid: int, timeout: float = 60.0) -> str:
     signal_pid(pid, signal.SIGKILL)
     wait_gone([pid], 10.0)
     return "killed"
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def stop_group(pgid: int, timeout: float = 20.0) -> str:
+    """Stop a whole process group that :func:`start` began (the leader and children such as vLLM's
+    engine core): SIGTERM to the group, SIGKILL to what is left after ``timeout``.  Return 'stopped',
+    'killed' or 'already gone'."""
+    if not group_members(pgid) or not signal_group(pgid, signal.SIGTERM):
+        return "already gone"
+    deadline = time.monotonic() + timeout
+    while group_members(pgid):
+        if time.monotonic() > deadline:
+            signal_group(pgid, signal.SIGKILL)
+            end = time.monotonic() + 10.0
+            while group_members(pgid) and time.monotonic() < end:
+                time.sleep(0.2)
+            return "killed"
+        time.sleep(0.2)
+    return "stopped"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import stat
 import time
 from pathlib import Path
 
@@ -82,3 +84,19 @@ def test_up_and_down_on_other_ports_leaves_nothing(local: Settings, tmp_path: Pa
     assert not list((tmp_path / "state" / "run").glob("*.pid"))
     assert {s.name: s.pid for s in stack.status(local)} == shared_pids  # the shared stack is untouched
     assert stack.down(private) == [f"{n}: not running (no pid file)" for n in ("kafka", "cassandra", "redis")]
+
+
+def test_demo_user_is_created_once_then_reused(local: Settings, tmp_path: Path) -> None:
+    """`parley up` ends by making (once) a free-plan demo user, kept in state_dir/demo-user.json."""
+    settings = local.with_(state_dir=tmp_path / "state")
+    path = stack.demo_file(settings)
+    first, new = stack.ensure_demo_user(settings)
+    assert new and first.plan == "free" and first.token.startswith("pk_") and first.keyspace == local.keyspace
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stack.load_demo_user(path) == first
+    again, new = stack.ensure_demo_user(settings)
+    assert not new and again == first
+    # a token that no longer resolves (keyspace wiped) is replaced by a fresh user
+    stack.save_demo_user(path, dataclasses.replace(first, token="pk_no-such-token"))
+    third, new = stack.ensure_demo_user(settings)
+    assert new and third.user_id != first.user_id and stack.load_demo_user(path) == third
