@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from infra.settings import Settings
+from producers.gateway import openai_compat
 from producers.gateway.errors import ApiError, unavailable
 from producers.gateway.state import Gateway
 
@@ -34,11 +35,15 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
                   description="A chat service that streams LLM replies token by token over an event pipeline.")
     app.state.gateway = gateway
     _error_handlers(app)
-    from producers.gateway import routes_chat, routes_conversations, routes_session, routes_web
+    from producers.gateway import (
+        routes_chat, routes_conversations, routes_openai, routes_session, routes_usage, routes_web,
+    )
 
     app.include_router(routes_session.router)
     app.include_router(routes_conversations.router)
     app.include_router(routes_chat.router)
+    app.include_router(routes_openai.router)
+    app.include_router(routes_usage.router)
     routes_web.mount(app)
 
     @app.get("/healthz", include_in_schema=False)
@@ -50,35 +55,42 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
 
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _render(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
             problems.append("the body is not valid JSON" if err.get("type") == "json_invalid"
                             else f"{where}: {err.get('msg')}")
-        return JSONResponse({"error": {"code": "invalid_request", "message": "; ".join(problems)}}, status_code=422)
+        return _render(request, ApiError(422, "invalid_request", "; ".join(problems)))
 
-    async def backend(name: str, exc: Exception) -> JSONResponse:
+    async def backend(request: Request, name: str, exc: Exception) -> JSONResponse:
         log.warning("backend %s unreachable: %s", name, type(exc).__name__)
-        err = unavailable(name)
-        return JSONResponse(err.body(), status_code=503, headers=err.headers())
+        return _render(request, unavailable(name))
 
     @app.exception_handler(KafkaError)
-    async def kafka_down(_: Request, exc: KafkaError) -> JSONResponse:
-        return await backend("Kafka", exc)
+    async def kafka_down(request: Request, exc: KafkaError) -> JSONResponse:
+        return await backend(request, "Kafka", exc)
 
     @app.exception_handler(NoHostAvailable)
-    async def cassandra_down(_: Request, exc: NoHostAvailable) -> JSONResponse:
-        return await backend("Cassandra", exc)
+    async def cassandra_down(request: Request, exc: NoHostAvailable) -> JSONResponse:
+        return await backend(request, "Cassandra", exc)
 
     @app.exception_handler(DriverException)
-    async def cassandra_error(_: Request, exc: DriverException) -> JSONResponse:
-        return await backend("Cassandra", exc)
+    async def cassandra_error(request: Request, exc: DriverException) -> JSONResponse:
+        return await backend(request, "Cassandra", exc)
 
     @app.exception_handler(RedisConnectionError)
-    async def redis_down(_: Request, exc: RedisConnectionError) -> JSONResponse:
-        return await backend("Redis", exc)
+    async def redis_down(request: Request, exc: RedisConnectionError) -> JSONResponse:
+        return await backend(request, "Redis", exc)
+
+
+def _render(request: Request, err: ApiError) -> JSONResponse:
+    """The native error shape, or OpenAI's on the OpenAI-compatible paths (its clients parse that)."""
+    if openai_compat.applies(request.url.path):
+        status, body = openai_compat.error_json(err)
+        return JSONResponse(body, status_code=status, headers=err.headers())
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
