@@ -59,6 +59,11 @@ async def test_send_stream_and_reload_history(http: httpx.AsyncClient, alice: Ca
     listed = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]
     assert listed[0]["conversation_id"] == cid  # the conversation just used is newest
 
+    async def titled():  # type: ignore[no-untyped-def]
+        items = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]
+        return next((c["title"] for c in items if c["conversation_id"] == cid and c["title"]), None)
+    assert await eventually(titled, 60), "the small pool never titled the conversation"
+
 
 async def test_stop_mid_reply_saves_partial_text(http: httpx.AsyncClient, alice: Caller, bob: Caller) -> None:
     cid = await new_conversation(http, alice)
