@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from typing import Any
 
@@ -16,14 +15,14 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from consumers.kafka import send
 from infra import keys
 from infra.db.accounts import User
+from producers.gateway import openai_compat, submission
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found
 from producers.gateway.state import Gateway
 from producers.gateway.streaming import follow, saved_frames
-from schemas import CancelRequested, GenerationQueued, MessageSubmitted, RequestRefused, id_time_ms, new_id
+from schemas import MessageSubmitted, id_time_ms, new_id
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["chat"])
@@ -45,9 +44,11 @@ class Regenerate(BaseModel):
 
 @router.get("/models", tags=["models"])
 async def models(request: Request, user: User = Depends(current_user)) -> dict[str, Any]:
+    """The pools (``default``, ``items``) and the same list in OpenAI's shape (``object``, ``data``)."""
     gw = gateway_of(request)
     return {"default": gw.settings.default_pool,
-            "items": [{"pool": p, "model": m} for p, m in gw.models.items()]}
+            "items": [{"pool": p, "model": m} for p, m in gw.models.items()],
+            "object": "list", "data": openai_compat.model_list(gw.models, gw.settings.default_pool)}
 
 
 @router.post("/conversations/{conversation_id}/messages", response_class=StreamingResponse,
@@ -92,9 +93,7 @@ async def cancel(request: Request, generation_id: str, user: User = Depends(curr
     owner = await gw.owner(generation_id)
     if owner is None or owner[0] != user.user_id:
         raise not_found("generation")
-    await send(gw.producer, gw.topics.control, CancelRequested(
-        generation_id=generation_id, conversation_id=owner[1], user_id=user.user_id, reason="user"),
-        key=generation_id)
+    await submission.cancel(gw, generation_id, owner[1], user.user_id)
     log.info("generation %s cancel requested by its owner", generation_id)
     return {"generation_id": generation_id, "status": "cancelling"}
 
@@ -138,40 +137,15 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
         existing = (await gw.redis.get(keys.client_message(conversation_id, cmid))).decode()
         log.info("client_message_id retry attaches to generation %s", existing)
         return _sse(gw, existing, conversation_id, after=None, queue=None, first=None)
-    queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
     try:
-        await gw.set_owner(generation_id, user.user_id, conversation_id)
-        await gw.reader_beat(generation_id)
-        await send(gw.producer, gw.topics.requests, MessageSubmitted(
+        accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
             plan=user.plan, message_id=message_id, client_message_id=cmid, content=content, pool=pool,  # type: ignore[arg-type]
-            parent_id=parent_id, regenerate=parent_id is not None, gateway_id=gw.gateway_id), key=user.user_id)
-        first = await _decision(gw, queue)
-    except BaseException:
-        gw.relay.unsubscribe(generation_id, queue)
-        raise
-    refused = next((e for _, e in first if isinstance(e, RequestRefused)), None)
-    if refused is not None:
-        gw.relay.unsubscribe(generation_id, queue)
+            parent_id=parent_id, regenerate=parent_id is not None, gateway_id=gw.gateway_id))
+    except submission.Refused:
         await gw.redis.delete(keys.client_message(conversation_id, cmid))  # a later retry may try again
-        raise ApiError(refused.status, refused.reason, refused.message, refused.retry_after_s)
-    log.info("generation %s accepted for conversation %s", generation_id, conversation_id)
-    return _sse(gw, generation_id, conversation_id, after=None, queue=queue, first=first)
-
-
-async def _decision(gw: Gateway, queue: asyncio.Queue[tuple[int, Any]]) -> list[tuple[int, Any]]:
-    """Events up to and including the first decision (queued or refused), or [] after the wait limit."""
-    got: list[tuple[int, Any]] = []
-    deadline = time.monotonic() + gw.settings.admission_wait_s
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            item = await asyncio.wait_for(queue.get(), left)
-        except asyncio.TimeoutError:
-            break
-        got.append(item)
-        if isinstance(item[1], (GenerationQueued, RequestRefused)):
-            return got
-    return got
+        raise
+    return _sse(gw, generation_id, conversation_id, after=None, queue=accepted.queue, first=accepted.first)
 
 
 def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | None,

@@ -9,10 +9,13 @@ from schemas import GenerationFinished, GenerationQueued, RequestRefused, Tokens
 
 STOP_REASONS = {"complete": "end", "stopped": "stopped", "length": "length", "failed": "error"}
 KEEPALIVE = b": keep-alive\n\n"
+# A browser's EventSource waits this long before reconnecting with Last-Event-ID (its default is
+# about 3 s, longer than the reader timeout allows in tests, and longer than a person wants).
+RECONNECT_MS = 1000
 
 
-def frame(event: str, data: Any, id_: int | None = None) -> bytes:
-    head = f"id: {id_}\n" if id_ is not None else ""
+def frame(event: str, data: Any, id_: int | None = None, retry_ms: int | None = None) -> bytes:
+    head = (f"id: {id_}\n" if id_ is not None else "") + (f"retry: {retry_ms}\n" if retry_ms is not None else "")
     return f"{head}event: {event}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
 
 
@@ -23,7 +26,7 @@ def to_sse(offset: int, event: object) -> list[bytes]:
         return [frame("delta", {"text": event.text}, offset)] if event.text else []
     if isinstance(event, GenerationQueued):
         frames = [frame("message_start", {"message_id": event.message_id, "generation_id": event.generation_id,
-                                          "model": event.model, "pool": event.pool}, offset)]
+                                          "model": event.model, "pool": event.pool}, offset, RECONNECT_MS)]
         if event.position > 0:
             frames.append(frame("queued", {"position": event.position,
                                            "estimated_wait_s": event.estimated_wait_s}, offset))

@@ -21,7 +21,7 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                  saved: Callable[[], Awaitable[list[bytes]]]) -> AsyncIterator[bytes]:
     """``queue``/``first``: a live subscription made before the request was produced (no replay needed)."""
     live = queue if queue is not None else relay.subscribe(generation_id)
-    beat = asyncio.create_task(_beat(heartbeat, beat_every_s))
+    beat = asyncio.create_task(keep_beating(heartbeat, beat_every_s))
     last = after if after is not None else -1
     try:
         if first is not None:
@@ -71,7 +71,7 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
         relay.unsubscribe(generation_id, live)
 
 
-async def _beat(heartbeat: Callable[[], Awaitable[None]], every_s: float) -> None:
+async def keep_beating(heartbeat: Callable[[], Awaitable[None]], every_s: float) -> None:
     while True:
         with contextlib.suppress(Exception):  # a missed beat only risks a cancel after the timeout
             await heartbeat()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+from typing import Self
 
 
 class DroppingProxy:
@@ -14,10 +16,11 @@ class DroppingProxy:
         self.upstream_port = upstream_port
         self.port = 0
         self.drops = 0
+        self.requests: list[tuple[str, str | None]] = []  # (path, Last-Event-ID) of each request seen
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
 
-    async def __aenter__(self) -> "DroppingProxy":
+    async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -49,16 +52,29 @@ class DroppingProxy:
         pair = {client_w, upstream_w}
         self._open |= pair
         try:
-            await asyncio.gather(_pipe(client_r, upstream_w), _pipe(upstream_r, client_w))
+            await asyncio.gather(_pipe(client_r, upstream_w, self._note), _pipe(upstream_r, client_w))
         finally:
             self._open -= pair
             for w in pair:
                 w.transport.abort()
 
+    def _note(self, chunk: bytes) -> None:
+        """Request heads going upstream: their path and Last-Event-ID (what the browser really sent)."""
+        head, _, _ = chunk.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) == 3 and parts[2].startswith("HTTP/"):
+            headers = dict(line.split(":", 1) for line in lines[1:] if ":" in line)
+            found = {k.strip().lower(): v.strip() for k, v in headers.items()}.get("last-event-id")
+            self.requests.append((parts[1], found))
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                note: Callable[[bytes], None] | None = None) -> None:
     with contextlib.suppress(ConnectionError, OSError):
         while chunk := await reader.read(65536):
+            if note is not None:
+                note(chunk)
             writer.write(chunk)
             await writer.drain()
     with contextlib.suppress(Exception):

@@ -1,0 +1,275 @@
+"""The OpenAI Chat Completions dialect, translated both ways, with no I/O.
+
+In: a request body -> ``ChatRequest`` (pool, history, reply cap, temperature), or a 400
+that names the unsupported parameter. Out: Parley's events -> ``chat.completion``
+objects, ``chat.completion.chunk`` SSE lines, and errors in OpenAI's shape
+``{"error": {"message", "type", "param", "code"}}``, used only on ``OPENAI_PATHS``.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from producers.gateway.errors import ApiError
+from schemas import GenerationFinished, Usage, id_time_ms
+from schemas.gateway import ChatTurn
+
+OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models"})
+STARTED = int(time.time())  # "created" of every model: when this gateway started
+DONE = b"data: [DONE]\n\n"
+FINISH_REASONS = {"complete": "stop", "stopped": "stop", "length": "length"}  # failed -> an error
+HISTORY_CHARS_FACTOR = 4  # all messages together: up to 4x the one-message limit (Kafka's record size)
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+IGNORED = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
+                     "parallel_tool_calls"})
+# Parameters Parley does not implement: accepted only at the value that means "not used".
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": ((None, []), "Parley has no tool or function calling."),
+    "functions": ((None, []), "Parley has no tool or function calling."),
+    "tool_choice": ((None, "none"), "Parley has no tool or function calling."),
+    "function_call": ((None, "none"), "Parley has no tool or function calling."),
+    "logprobs": ((None, False), "Parley does not return log probabilities."),
+    "top_logprobs": ((None, 0), "Parley does not return log probabilities."),
+    "n": ((None, 1), "Parley makes one choice per request (n=1); send separate requests for more."),
+    "response_format": ((None, {"type": "text"}), "Parley replies in plain text only (type 'text')."),
+    "audio": ((None,), "Parley has no audio output."),
+    "modalities": ((None, ["text"]), "Parley replies in text only (['text'])."),
+    "stop": ((None, [], ""), "Parley has no stop sequences; use max_tokens, or cut the reply yourself."),
+    "seed": ((None,), "Parley has no seeded sampling."),
+    "logit_bias": ((None, {}), "Parley has no logit bias."),
+    "top_p": ((None, 1, 1.0), "Parley samples with its own top_p; set temperature instead."),
+    "presence_penalty": ((None, 0, 0.0), "Parley has no presence or frequency penalties."),
+    "frequency_penalty": ((None, 0, 0.0), "Parley has no presence or frequency penalties."),
+    "prediction": ((None,), "Parley has no predicted outputs."),
+    "reasoning_effort": ((None,), "Parley's models are not reasoning models."),
+    "verbosity": ((None,), "Parley has no verbosity setting."),
+    "web_search_options": ((None,), "Parley has no web search."),
+}
+KNOWN = frozenset({"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+                   "temperature"}) | IGNORED | UNSUPPORTED.keys()
+
+
+class CompatError(ApiError):
+    """An error raised in OpenAI's terms: it names the offending parameter."""
+
+    def __init__(self, status: int, code: str | None, message: str, param: str | None = None,
+                 type_: str = "invalid_request_error") -> None:
+        super().__init__(status, code or "", message)
+        self.param, self.type = param, type_
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    pool: str
+    history: list[ChatTurn]  # the last one is the user's question
+    max_tokens: int | None
+    temperature: float | None
+    stream: bool
+    include_usage: bool
+
+    @property
+    def content(self) -> str:
+        return self.history[-1].content
+
+    @property
+    def title(self) -> str:
+        return " ".join(self.content.split())[:60]
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> CompatError:
+    return CompatError(400, code, message, param)
+
+
+def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_chars: int) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object.")
+    unknown = sorted(set(body) - KNOWN)
+    if unknown:
+        raise invalid(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
+    for name, (unused, why) in UNSUPPORTED.items():
+        if body.get(name) not in unused:
+            raise invalid(f"'{name}' is not supported: {why}", name, "unsupported_parameter")
+    pool = resolve_model(body.get("model"), models, default_pool)
+    history = messages(body.get("messages"), max_message_chars)
+    stream = _bool(body.get("stream"), "stream")
+    return ChatRequest(pool, history, _max_tokens(body), _temperature(body.get("temperature")), stream,
+                       _include_usage(body.get("stream_options"), stream))
+
+
+def resolve_model(model: Any, models: Mapping[str, str], default_pool: str) -> str:
+    """A pool name, or a served model name (its default pool if that serves it, else the first that does)."""
+    if not isinstance(model, str) or not model:
+        raise invalid("You must provide a model parameter.", "model")
+    if model in models:
+        return model
+    serving = [pool for pool, served in models.items() if served == model]
+    if serving:
+        return default_pool if default_pool in serving else serving[0]
+    names = ", ".join(dict.fromkeys([*models, *models.values()]))
+    raise CompatError(404, "model_not_found", f"The model `{model}` does not exist or you do not have access "
+                                              f"to it. Choose one of: {names}.", "model")
+
+
+def messages(raw: Any, max_message_chars: int) -> list[ChatTurn]:
+    if not isinstance(raw, list) or not raw:
+        raise invalid("'messages' must be a non-empty array.", "messages")
+    turns = [_turn(m, i) for i, m in enumerate(raw)]
+    last = turns[-1]
+    if last.role != "user":
+        raise invalid("The last message must be the user's: Parley answers a user message.", "messages")
+    if not last.content.strip():
+        raise invalid("The last user message is empty. Type something to send.", f"messages[{len(raw) - 1}]")
+    if len(last.content) > max_message_chars:
+        raise invalid(f"The last user message is {len(last.content):,} characters; the limit is "
+                      f"{max_message_chars:,}. Shorten it or split it.", "messages", "context_length_exceeded")
+    total, limit = sum(len(t.content) for t in turns), HISTORY_CHARS_FACTOR * max_message_chars
+    if total > limit:
+        raise invalid(f"The messages total {total:,} characters; the limit is {limit:,}. Send fewer or "
+                      f"shorter earlier messages.", "messages", "context_length_exceeded")
+    return turns
+
+
+def _turn(message: Any, i: int) -> ChatTurn:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise invalid(f"{where} must be an object with 'role' and 'content'.", where)
+    role = message.get("role")
+    if role in ("tool", "function") or message.get("tool_calls") or message.get("function_call"):
+        raise invalid(f"{where}: tools and function calling are not supported.", f"{where}.role",
+                      "unsupported_parameter")
+    if role not in ROLES:
+        raise invalid(f"{where}.role must be one of system, developer, user, assistant; got {role!r}.",
+                      f"{where}.role")
+    if message.get("audio") is not None:
+        raise invalid(f"{where}: audio is not supported.", f"{where}.audio", "unsupported_parameter")
+    return ChatTurn(ROLES[role], _text(message.get("content"), f"{where}.content"))  # type: ignore[arg-type]
+
+
+def _text(content: Any, where: str) -> str:
+    """A string, or an array of text parts (joined with newlines); images, audio and files are refused."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"{where} must be a string or an array of text parts.", where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise invalid(f"{where}[{j}]: only text content parts are supported (got {kind!r}); images, audio "
+                          f"and files are not.", f"{where}[{j}]", "unsupported_content")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _bool(value: Any, param: str) -> bool:
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise invalid(f"'{param}' must be true or false.", param)
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    value = body.get(param)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise invalid(f"'{param}' must be a whole number of at least 1.", param)
+    return value
+
+
+def _temperature(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2:
+        raise invalid("'temperature' must be a number from 0 to 2.", "temperature")
+    return float(value)
+
+
+def _include_usage(options: Any, stream: bool) -> bool:
+    if options is None:
+        return False
+    if not stream:
+        raise invalid("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+    if not isinstance(options, dict):
+        raise invalid("'stream_options' must be an object.", "stream_options")
+    return _bool(options.get("include_usage"), "stream_options.include_usage")
+
+
+# -- out: completions, chunks, models -------------------------------------------------------------------
+def completion_id(generation_id: str) -> str:
+    return f"chatcmpl-{generation_id}"
+
+
+def usage_json(usage: Usage) -> dict[str, int]:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+
+
+def completion(finished: GenerationFinished) -> dict[str, Any]:
+    """The ``chat.completion`` object for a reply that ended complete, stopped or at its length cap."""
+    return {"id": completion_id(finished.generation_id), "object": "chat.completion",
+            "created": id_time_ms(finished.generation_id) // 1000, "model": finished.model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": finished.text, "refusal": None},
+                         "logprobs": None, "finish_reason": FINISH_REASONS[finished.status]}],
+            "usage": usage_json(finished.usage)}
+
+
+def chunk(generation_id: str, model: str, delta: dict[str, Any] | None, finish_reason: str | None = None,
+          usage: Usage | None = None, include_usage: bool = False) -> bytes:
+    """One ``data:`` line; ``delta=None`` makes the usage-only chunk (no choices)."""
+    body: dict[str, Any] = {"id": completion_id(generation_id), "object": "chat.completion.chunk",
+                            "created": id_time_ms(generation_id) // 1000, "model": model,
+                            "system_fingerprint": None}
+    body["choices"] = [] if delta is None else [
+        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    if include_usage:
+        body["usage"] = usage_json(usage) if usage is not None else None
+    return sse_data(body)
+
+
+def sse_data(body: Any) -> bytes:
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def model_list(models: Mapping[str, str], default_pool: str) -> list[dict[str, Any]]:
+    """One entry per pool, then one per served model name not already a pool (it means the default pool)."""
+    data = [{"id": pool, "object": "model", "created": STARTED, "owned_by": "parley", "served_model_name": served}
+            for pool, served in models.items()]
+    for served in dict.fromkeys(models.values()):
+        if served not in models:
+            pool = resolve_model(served, models, default_pool)
+            data.append({"id": served, "object": "model", "created": STARTED, "owned_by": "parley",
+                         "served_model_name": served, "pool": pool})
+    return data
+
+
+# -- errors ----------------------------------------------------------------------------------------------
+def applies(path: str) -> bool:
+    return path.rstrip("/") in OPENAI_PATHS
+
+
+def error_json(err: ApiError) -> tuple[int, dict[str, Any]]:
+    """(status, body) in OpenAI's shape for any gateway error."""
+    if isinstance(err, CompatError):
+        return err.status, _error(err.message, err.type, err.param, err.code or None)
+    if err.status == 401:
+        return 401, _error(err.message, "invalid_request_error", None, "invalid_api_key")
+    if err.status == 413:
+        return 400, _error(err.message, "invalid_request_error", "messages", "context_length_exceeded")
+    if err.status == 429:
+        if err.code == "daily_budget":
+            return 429, _error(err.message, "insufficient_quota", None, "insufficient_quota")
+        return 429, _error(err.message, "tokens" if err.code == "rate_limit" else "requests", None,
+                           "rate_limit_exceeded")
+    if err.status >= 500:
+        return err.status, _error(err.message, "server_error", None, err.code)
+    return 400 if err.status == 422 else err.status, _error(err.message, "invalid_request_error", None, err.code)
+
+
+def _error(message: str, type_: str, param: str | None, code: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

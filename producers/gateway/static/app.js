@@ -1,0 +1,211 @@
+// The page: sign-in, then the sidebar, the open conversation, the model picker and the day's tokens.
+// The address says which conversation is open (#/c/<id>), so a reload comes back to it.
+
+import { api, ApiError, whenSignedOut } from "./api.js";
+import { Chat } from "./chat.js";
+import { Sidebar } from "./sidebar.js";
+
+const $ = (id) => document.getElementById(id);
+
+let chat;
+let sidebar;
+let usageMissing = false; // GET /v1/usage answered 404: this service has no usage endpoint
+
+async function boot() {
+  whenSignedOut(() => signedOut("Your session has ended. Sign in again."));
+  wireSignIn();
+  wireApp();
+  let session;
+  try {
+    session = await api("GET", "/v1/session");
+  } catch (err) {
+    showSignIn(false, err.message);
+    return;
+  }
+  if (session.user) await showApp(session.user);
+  else showSignIn(session.local_mode);
+}
+
+// -- signing in ---------------------------------------------------------------------------------------------
+function wireSignIn() {
+  $("signin-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    await signIn(() => api("POST", "/v1/session", { token: $("token").value.trim() }));
+  });
+  $("demo-button").addEventListener("click", () => signIn(async () => {
+    const made = await api("POST", "/v1/session/demo", { plan: "free" });
+    showBanner(`Demo user created (free plan). Its token, shown only now, for the API and next sign-in: ${made.token}`,
+      "info");
+    return made;
+  }));
+}
+
+async function signIn(call) {
+  const error = $("signin-error");
+  error.hidden = true;
+  try {
+    const { user } = await call();
+    $("token").value = "";
+    await showApp(user);
+  } catch (err) {
+    error.textContent = err.message;
+    error.hidden = false;
+  }
+}
+
+function showSignIn(localMode, message = "") {
+  $("app").hidden = true;
+  $("signin").hidden = false;
+  $("demo").hidden = !localMode;
+  $("signin-error").textContent = message;
+  $("signin-error").hidden = !message;
+  $("token").focus();
+}
+
+function signedOut(message) {
+  if ($("app").hidden) return; // already signing in: that form shows its own error
+  chat.closeAll();
+  api("GET", "/v1/session").then((s) => showSignIn(s.local_mode, message), () => showSignIn(false, message));
+}
+
+// -- the chat -----------------------------------------------------------------------------------------------
+function wireApp() {
+  chat = new Chat({ messages: $("messages"), empty: $("empty"), send: $("send"), stop: $("stop") }, {
+    model: () => $("model").value || undefined,
+    created: (id) => {
+      history.replaceState(null, "", `#/c/${encodeURIComponent(id)}`);
+      sidebar.bump(id);
+      sidebar.setActive(id);
+      setTitle(null);
+    },
+    replied: (id) => {
+      sidebar.bump(id);
+      refreshUsage();
+    },
+    title: (title) => setTitle(title),
+    failed: (err, text) => {
+      if (text && !$("input").value) $("input").value = text; // not sent: give the words back
+      showBanner(describe(err));
+    },
+  });
+  sidebar = new Sidebar({ list: $("conversation-list"), sentinel: $("list-sentinel"), scroller: $("conversations") },
+    (title) => setTitle(title));
+  $("composer").addEventListener("submit", (e) => {
+    e.preventDefault();
+    send();
+  });
+  $("input").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      send();
+    }
+  });
+  $("input").addEventListener("input", grow);
+  $("stop").addEventListener("click", () => chat.stop());
+  $("banner-close").addEventListener("click", () => { $("banner").hidden = true; });
+  $("sign-out").addEventListener("click", async () => {
+    await api("DELETE", "/v1/session").catch(() => null);
+    signedOut("");
+  });
+  window.addEventListener("hashchange", openFromAddress);
+}
+
+async function showApp(user) {
+  $("signin").hidden = true;
+  $("app").hidden = false;
+  $("who").textContent = `${user.display_name || "Signed in"} · ${user.plan} plan`;
+  await Promise.all([loadModels(), sidebar.reset().catch((err) => showBanner(describe(err))), refreshUsage()]);
+  await openFromAddress();
+  $("input").focus();
+}
+
+async function openFromAddress() {
+  const match = /^#\/c\/(.+)$/.exec(location.hash);
+  const id = match ? decodeURIComponent(match[1]) : null;
+  if (id === chat.conversationId && id !== null) return;
+  $("banner").hidden = true;
+  sidebar.setActive(id);
+  setTitle(id ? sidebar.titleOf(id) : null);
+  try {
+    await chat.open(id);
+  } catch (err) {
+    showBanner(err.status === 404 ? "That conversation doesn't exist, or isn't yours." : describe(err));
+  }
+}
+
+async function send() {
+  const text = $("input").value;
+  if (!text.trim() || chat.busy()) return;
+  $("input").value = "";
+  grow();
+  $("banner").hidden = true;
+  await chat.send(text);
+}
+
+async function loadModels() {
+  const { default: preferred, items } = await api("GET", "/v1/models");
+  const picker = $("model");
+  picker.replaceChildren(...items.map(({ pool, model }) => {
+    const option = document.createElement("option");
+    option.value = pool;
+    option.textContent = `${pool} · ${model}`;
+    option.selected = pool === preferred;
+    return option;
+  }));
+}
+
+// Remaining daily tokens, if this service reports them (GET /v1/usage); nothing shown where it doesn't.
+async function refreshUsage() {
+  if (usageMissing) return;
+  let usage;
+  try {
+    usage = await api("GET", "/v1/usage");
+  } catch (err) {
+    usageMissing = err instanceof ApiError && err.status === 404;
+    return;
+  }
+  const box = $("usage");
+  const remaining = usage.remaining ?? usage.remaining_tokens;
+  if (typeof remaining !== "number") return;
+  const limit = usage.daily_limit ?? usage.limit;
+  const parts = [`${remaining.toLocaleString()} ${typeof limit === "number" ? `of ${limit.toLocaleString()} ` : ""}`
+    + "tokens left today"];
+  const resets = resetTime(usage.resets_at);
+  if (resets) parts.push(`resets ${resets.toISOString().slice(11, 16)} UTC`);
+  box.textContent = parts.join(" · ");
+  box.hidden = false;
+}
+
+// resets_at may be epoch seconds or an ISO string.
+function resetTime(value) {
+  if (value === undefined || value === null) return null;
+  const when = new Date(typeof value === "number" ? value * 1000 : value);
+  return Number.isNaN(when.getTime()) ? null : when;
+}
+
+// -- small things -------------------------------------------------------------------------------------------
+function setTitle(title) {
+  $("chat-title").textContent = title || (chat.conversationId ? "New conversation" : "New chat");
+  document.title = title ? `${title} · Parley` : "Parley";
+}
+
+function describe(err) {
+  if (!(err instanceof ApiError)) return "Something went wrong in the page. Reload it; nothing you sent is lost.";
+  const wait = err.retryAfterS;
+  const hint = err.status === 503 && wait ? ` Try again in ${Math.ceil(wait)} s.` : "";
+  return err.message + hint;
+}
+
+function showBanner(text, kind = "error") {
+  $("banner-text").textContent = text;
+  $("banner").className = `banner ${kind}`;
+  $("banner").hidden = false;
+}
+
+function grow() {
+  const input = $("input");
+  input.style.height = "auto";
+  input.style.height = `${Math.min(input.scrollHeight, 240)}px`;
+}
+
+boot();

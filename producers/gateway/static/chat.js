@@ -1,0 +1,277 @@
+// One conversation on screen: its messages and reply versions, sending, regenerating, stopping,
+// and following every reply that is still being written (also ones started before a reload).
+
+import { api, follow, startReply } from "./api.js";
+import { paintReply, replyView, userView } from "./view.js";
+
+const DONE = { end: "complete", stopped: "stopped", length: "length", error: "failed" };
+let localIds = 0;
+
+export class Chat {
+  // ui: {messages, empty, send, stop}; hooks: {model(), created(id), replied(id), title(text), failed(err, text)}
+  constructor(ui, hooks) {
+    this.ui = ui;
+    this.hooks = hooks;
+    this.conversationId = null;
+    this.messages = [];
+    this.chosen = new Set(); // generation ids picked in a version switcher (or just written)
+    this.replies = new Map(); // generation id -> the reply as it streamed into this page
+    this.followers = new Map(); // generation id -> {handle, conversationId}, while still being written
+    this.views = new Map(); // generation id -> its element on screen
+    this.sending = false;
+    this.stopping = null;
+    this.opened = 0;
+    this.dirty = new Set();
+    this.frame = 0;
+  }
+
+  async open(conversationId) {
+    const ticket = ++this.opened;
+    this.conversationId = conversationId;
+    this.messages = [];
+    this.render();
+    if (!conversationId) return;
+    const { title, items } = await this.load(conversationId);
+    if (ticket !== this.opened) return; // another conversation was opened meanwhile
+    this.hooks.title(title);
+    this.adopt(items);
+  }
+
+  async load(conversationId) {
+    const items = [];
+    let cursor = null;
+    let title = null;
+    do {
+      const query = new URLSearchParams({ limit: "500", ...(cursor ? { cursor } : {}) });
+      const page = await api("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/messages?${query}`);
+      items.push(...page.items);
+      ({ title } = page);
+      cursor = page.next_cursor;
+    } while (cursor);
+    return { title, items };
+  }
+
+  // Show the saved messages; replies streamed in this page keep the text as it arrived, and any
+  // reply still being written is followed (this is how a reopened conversation re-attaches).
+  adopt(items) {
+    const known = new Set(items.map((m) => m.generation_id));
+    this.messages = items.map((m) => {
+      if (m.role !== "assistant" || !m.generation_id) return m;
+      const mine = this.replies.get(m.generation_id);
+      if (mine) { // what the server knows that the stream didn't (ids, usage); never the text or the status
+        for (const [key, value] of Object.entries(m)) {
+          if (value !== null && key !== "content" && key !== "status") mine[key] = value;
+        }
+        return mine;
+      }
+      if (m.status !== "generating") return m;
+      const live = { ...m, content: "" }; // the stream replays from the start of the generation
+      this.replies.set(m.generation_id, live);
+      return live;
+    });
+    for (const reply of this.replies.values()) { // started here, not saved yet: keep showing it
+      if (reply.conversation_id === this.conversationId && !known.has(reply.generation_id)) {
+        this.messages.push(...(reply.localUser ? [reply.localUser] : []), reply);
+      }
+    }
+    for (const m of this.messages) {
+      if (m.status === "generating" && m.generation_id && !this.followers.has(m.generation_id)) {
+        this.follow(this.conversationId, m);
+      }
+    }
+    this.render();
+  }
+
+  send(text) {
+    const user = { role: "user", message_id: `local-${++localIds}`, content: text, status: "complete" };
+    const body = { content: text, model: this.hooks.model() };
+    return this.submit((id) => `/v1/conversations/${encodeURIComponent(id)}/messages`, body, user, user.message_id);
+  }
+
+  regenerate(group) {
+    const target = group.user?.message_id || group.replies.at(-1).message_id;
+    const path = (id) => `/v1/conversations/${encodeURIComponent(id)}/messages/${encodeURIComponent(target)}/regenerate`;
+    return this.submit(path, { model: this.hooks.model() }, null, target);
+  }
+
+  async submit(pathFor, body, user, parentId) {
+    if (this.busy()) return false;
+    this.sending = true;
+    const pending = { role: "assistant", generation_id: `pending-${++localIds}`, parent_id: parentId, content: "",
+                      status: "generating", notice: "Sending…", pool: body.model };
+    this.messages.push(...(user ? [user] : []), pending);
+    this.chosen.add(pending.generation_id);
+    this.render();
+    let conversationId = this.conversationId;
+    try {
+      if (!conversationId) {
+        conversationId = (await api("POST", "/v1/conversations", {})).conversation_id;
+        this.conversationId = conversationId;
+        this.hooks.created(conversationId);
+      }
+      const start = await startReply(pathFor(conversationId), body);
+      const reply = { role: "assistant", conversation_id: conversationId, generation_id: start.generation_id,
+                      message_id: start.message_id, parent_id: parentId, model: start.model, pool: start.pool,
+                      content: "", status: "generating", localUser: user };
+      this.replies.set(reply.generation_id, reply);
+      this.chosen.add(reply.generation_id);
+      this.messages = this.messages.map((m) => (m === pending ? reply : m));
+      this.follow(conversationId, reply);
+      this.sending = false;
+      this.render();
+      await this.refresh(conversationId);
+      return true;
+    } catch (err) {
+      this.messages = this.messages.filter((m) => m !== pending && m !== user);
+      this.hooks.failed(err, user ? user.content : null);
+      return false;
+    } finally {
+      this.sending = false;
+      this.render();
+    }
+  }
+
+  // The saved ids of what was just sent (needed to regenerate it); the streamed text stays as it is.
+  async refresh(conversationId) {
+    try {
+      const { items } = await this.load(conversationId);
+      if (this.conversationId === conversationId) this.adopt(items);
+    } catch {
+      // Still shown as sent; the next open of this conversation brings the saved ids.
+    }
+  }
+
+  async stop() {
+    const generationId = this.activeGeneration();
+    if (!generationId) return;
+    this.stopping = generationId;
+    this.renderControls();
+    try {
+      await api("POST", `/v1/generations/${encodeURIComponent(generationId)}/cancel`);
+    } catch (err) {
+      this.stopping = null;
+      this.renderControls();
+      this.hooks.failed(err, null);
+    }
+  }
+
+  follow(conversationId, reply) {
+    const id = reply.generation_id;
+    const update = (changes) => { Object.assign(reply, changes); this.paint(reply); };
+    const handle = follow(id, {
+      start: (d) => update({ model: d.model, pool: d.pool }),
+      queued: (d) => update({ notice: reply.content ? "" : queuedText(d) }),
+      delta: (text) => update({ notice: "", content: reply.content + text }),
+      snapshot: (text) => update({ notice: "", content: text }),
+      error: (d) => update({ notice: d.message || "The model could not answer. Try regenerating." }),
+      state: (link) => update({ link }),
+      end: (d) => {
+        this.followers.delete(id);
+        Object.assign(reply, { status: DONE[d.stop_reason] || "complete", usage: d.usage, link: "live" });
+        if (this.stopping === id) this.stopping = null;
+        if (this.conversationId === conversationId) this.render();
+        this.hooks.replied(conversationId);
+      },
+    });
+    this.followers.set(id, { handle, conversationId });
+  }
+
+  closeAll() {
+    for (const { handle } of this.followers.values()) handle.close();
+    this.followers.clear();
+    this.replies.clear();
+    this.chosen.clear();
+    this.conversationId = null;
+    this.messages = [];
+  }
+
+  busy() {
+    return this.sending || this.activeGeneration() !== null;
+  }
+
+  activeGeneration() {
+    for (const [id, f] of this.followers) if (f.conversationId === this.conversationId) return id;
+    return null;
+  }
+
+  // -- drawing ---------------------------------------------------------------------------------------------
+  groups() {
+    const groups = [];
+    const byUser = new Map();
+    for (const m of this.messages) {
+      if (m.role === "user") {
+        const group = { user: m, replies: [] };
+        byUser.set(m.message_id, group);
+        groups.push(group);
+      } else if (byUser.has(m.parent_id)) {
+        byUser.get(m.parent_id).replies.push(m);
+      } else {
+        groups.push({ user: null, replies: [m] });
+      }
+    }
+    return groups;
+  }
+
+  render() {
+    this.views.clear();
+    const nodes = [];
+    const groups = this.groups();
+    groups.forEach((group, n) => {
+      if (group.user) nodes.push(userView(group.user));
+      if (!group.replies.length) return;
+      const index = this.shownIndex(group.replies);
+      const reply = group.replies[index];
+      const last = n === groups.length - 1;
+      const view = replyView(reply, { index, count: group.replies.length, go: (step) => this.flip(group, index + step) },
+        { regenerate: last && !this.busy() && reply.status !== "generating" ? () => this.regenerate(group) : null });
+      this.views.set(reply.generation_id, view);
+      nodes.push(view);
+    });
+    this.ui.messages.replaceChildren(...nodes);
+    this.ui.empty.hidden = nodes.length > 0;
+    this.renderControls();
+    this.ui.messages.scrollTop = this.ui.messages.scrollHeight;
+  }
+
+  shownIndex(replies) {
+    for (let i = replies.length - 1; i >= 0; i -= 1) if (this.chosen.has(replies[i].generation_id)) return i;
+    return replies.length - 1; // the newest, unless another was picked
+  }
+
+  flip(group, index) {
+    for (const r of group.replies) this.chosen.delete(r.generation_id);
+    this.chosen.add(group.replies[index].generation_id);
+    this.render();
+  }
+
+  paint(reply) {
+    // Streamed chunks are drawn at most once a frame.
+    this.dirty.add(reply);
+    if (this.frame) return;
+    this.frame = requestAnimationFrame(() => {
+      this.frame = 0;
+      const box = this.ui.messages;
+      const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
+      for (const r of this.dirty) {
+        const view = this.views.get(r.generation_id);
+        if (view) paintReply(view, r);
+      }
+      this.dirty.clear();
+      if (atBottom) box.scrollTop = box.scrollHeight;
+    });
+  }
+
+  renderControls() {
+    const busy = this.busy();
+    this.ui.send.hidden = busy;
+    this.ui.stop.hidden = !busy;
+    const active = this.activeGeneration();
+    this.ui.stop.disabled = active === null || this.stopping === active;
+    this.ui.stop.textContent = this.stopping === active && active !== null ? "Stopping…" : "Stop";
+  }
+}
+
+function queuedText({ position, estimated_wait_s: wait }) {
+  const eta = wait >= 1 ? `, about ${Math.round(wait)} s` : "";
+  return `Queued: ${position === 1 ? "next" : `number ${position}`} in line${eta}.`;
+}

@@ -1,0 +1,117 @@
+// The list of conversations: newest first, more loaded as it scrolls, titles filled in when the
+// service has written them (it titles a conversation after its first reply).
+
+import { api } from "./api.js";
+import { el } from "./view.js";
+
+const PAGE = 20;
+const TITLE_POLL_MS = 3000;
+const TITLE_WAIT_MS = 120_000; // stop asking after this long: some conversations never get a title
+
+export class Sidebar {
+  // ui: {list, sentinel, scroller}; onTitle(title) when the open conversation gets its title
+  constructor(ui, onTitle) {
+    this.ui = ui;
+    this.onTitle = onTitle;
+    this.items = [];
+    this.cursor = null;
+    this.done = false;
+    this.loading = false;
+    this.activeId = null;
+    this.untitled = new Map(); // conversation id -> when we started waiting for its title
+    this.poller = 0;
+    new IntersectionObserver((entries) => {
+      if (entries.some((e) => e.isIntersecting)) this.more();
+    }, { root: ui.scroller, rootMargin: "120px" }).observe(ui.sentinel);
+  }
+
+  async reset() {
+    this.items = [];
+    this.cursor = null;
+    this.done = false;
+    this.render();
+    await this.more();
+  }
+
+  async more() {
+    if (this.loading || this.done) return;
+    this.loading = true;
+    try {
+      const query = new URLSearchParams({ limit: String(PAGE), ...(this.cursor ? { cursor: this.cursor } : {}) });
+      const page = await api("GET", `/v1/conversations?${query}`);
+      const seen = new Set(this.items.map((c) => c.conversation_id));
+      this.items.push(...page.items.filter((c) => !seen.has(c.conversation_id)));
+      this.cursor = page.next_cursor;
+      this.done = !page.next_cursor;
+      this.render();
+    } finally {
+      this.loading = false;
+    }
+    if (!this.done && this.sentinelVisible()) this.more(); // a tall window: keep filling it
+  }
+
+  sentinelVisible() {
+    const box = this.ui.scroller.getBoundingClientRect();
+    return this.ui.sentinel.getBoundingClientRect().top < box.bottom + 120;
+  }
+
+  // A conversation was just used: to the top, and wait for its title if it has none yet.
+  bump(conversationId, changes = {}) {
+    const found = this.items.find((c) => c.conversation_id === conversationId);
+    const item = { conversation_id: conversationId, title: null, ...found, ...changes };
+    this.items = [item, ...this.items.filter((c) => c !== found)];
+    if (!item.title) this.waitForTitle(conversationId);
+    this.render();
+  }
+
+  waitForTitle(conversationId) {
+    if (!this.untitled.has(conversationId)) this.untitled.set(conversationId, Date.now());
+    if (!this.poller) this.poller = setInterval(() => this.pollTitles(), TITLE_POLL_MS);
+  }
+
+  async pollTitles() {
+    for (const [id, since] of this.untitled) if (Date.now() - since > TITLE_WAIT_MS) this.untitled.delete(id);
+    if (!this.untitled.size) {
+      clearInterval(this.poller);
+      this.poller = 0;
+      return;
+    }
+    let page;
+    try {
+      page = await api("GET", `/v1/conversations?limit=${PAGE}`);
+    } catch {
+      return; // try again on the next tick
+    }
+    for (const fresh of page.items) {
+      const item = this.items.find((c) => c.conversation_id === fresh.conversation_id);
+      if (fresh.title && this.untitled.delete(fresh.conversation_id) && item) {
+        item.title = fresh.title;
+        this.render();
+        if (fresh.conversation_id === this.activeId) this.onTitle(fresh.title);
+      }
+    }
+  }
+
+  setActive(conversationId) {
+    this.activeId = conversationId;
+    this.render();
+  }
+
+  titleOf(conversationId) {
+    return this.items.find((c) => c.conversation_id === conversationId)?.title || null;
+  }
+
+  render() {
+    this.ui.list.replaceChildren(...this.items.map((c) => {
+      const link = el("a", c.title ? "conversation" : "conversation untitled");
+      link.href = `#/c/${encodeURIComponent(c.conversation_id)}`;
+      link.textContent = c.title || "New conversation";
+      link.dataset.conversationId = c.conversation_id;
+      if (c.conversation_id === this.activeId) link.setAttribute("aria-current", "page");
+      const li = el("li");
+      li.append(link);
+      return li;
+    }));
+    this.ui.sentinel.hidden = this.done;
+  }
+}

@@ -1,0 +1,113 @@
+"""The OpenAI stream's transport without a broker: chunk order, and a client that leaves cancels."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+
+from infra.settings import Settings
+from producers.gateway import routes_openai, submission
+from producers.gateway.submission import Accepted
+from schemas import GenerationFinished, GenerationQueued, TokensAppended, Usage, new_id
+
+
+class FakeRelay:
+    def __init__(self) -> None:
+        self.unsubscribed: list[str] = []
+
+    def unsubscribe(self, generation_id: str, _: object) -> None:
+        self.unsubscribed.append(generation_id)
+
+
+@dataclass
+class FakeGateway:
+    relay: FakeRelay = field(default_factory=FakeRelay)
+    settings: Settings = field(default_factory=lambda: Settings().with_(reader_timeout_s=3.0))
+    keepalive_s: float = 0.05
+    beats: int = 0
+
+    async def reader_beat(self, generation_id: str) -> None:
+        self.beats += 1
+
+
+@pytest.fixture
+def cancels(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    sent: list[str] = []
+
+    async def cancel(gw: object, generation_id: str, conversation_id: str, user_id: str) -> None:
+        sent.append(generation_id)
+
+    monkeypatch.setattr(submission, "cancel", cancel)
+    return sent
+
+
+def job_with(*events: Any) -> routes_openai._Job:
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    for offset, event in enumerate(events):
+        queue.put_nowait((offset, event))
+    gid = events[0].generation_id if events else new_id()
+    return routes_openai._Job(FakeGateway(), Accepted(gid, queue, []), "c", "u", "Smol")  # type: ignore[arg-type]
+
+
+def ids(gid: str) -> dict[str, str]:
+    return {"generation_id": gid, "conversation_id": "c", "user_id": "u"}
+
+
+def payloads(lines: list[bytes]) -> list[Any]:
+    return [line[6:-2].decode() if line == b"data: [DONE]\n\n" else orjson.loads(line[6:]) for line in lines
+            if line.startswith(b"data: ")]
+
+
+async def test_a_whole_stream_is_role_deltas_finish_usage_done(cancels: list[str]) -> None:
+    gid = new_id()
+    job = job_with(
+        GenerationQueued(**ids(gid), pool="large", model="Served", lane="paid", position=0, estimated_wait_s=0),
+        TokensAppended(**ids(gid), seq=0, text="Hel", token_ids=[1]),
+        TokensAppended(**ids(gid), seq=1, text="", token_ids=[2]),  # end of sequence: nothing to show
+        TokensAppended(**ids(gid), seq=2, text="lo", token_ids=[3]),
+        GenerationFinished(**ids(gid), plan="paid", message_id="m", status="length", text="Hello",
+                           usage=Usage(prompt_tokens=9, completion_tokens=3), model="Served", pool="large",
+                           worker_id="w"))
+    out = payloads([line async for line in routes_openai._chunks(job, include_usage=True)])
+    assert out[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["choices"][0]["delta"] for c in out[1:3]] == [{"content": "Hel"}, {"content": "lo"}]
+    assert out[1]["model"] == "Served" and out[3]["choices"][0]["finish_reason"] == "length"
+    assert out[4]["choices"] == [] and out[4]["usage"]["total_tokens"] == 12 and out[5] == "[DONE]"
+    assert cancels == [] and job.gw.relay.unsubscribed == [gid]  # type: ignore[attr-defined]
+
+
+async def test_leaving_before_the_end_cancels_once(cancels: list[str]) -> None:
+    gid = new_id()
+    job = job_with(TokensAppended(**ids(gid), seq=0, text="Once", token_ids=[1]))
+    stream = routes_openai._chunks(job, include_usage=False)
+    assert b"assistant" in await stream.__anext__() and b"Once" in await stream.__anext__()
+    await stream.aclose()  # parked at a yield: the client went away
+    job.close()  # the response closes it again: still one cancel
+    await asyncio.sleep(0)
+    assert cancels == [gid]
+
+
+async def test_a_client_disconnect_seen_by_starlette_cancels_the_generation(cancels: list[str]) -> None:
+    gid = new_id()
+    job = job_with(TokensAppended(**ids(gid), seq=0, text="Hi", token_ids=[1]))
+    response = routes_openai._CancelOnLeave(routes_openai._chunks(job, False), job,
+                                            media_type="text/event-stream")
+    sent: list[dict[str, Any]] = []
+    got_body = asyncio.Event()
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if b"Hi" in message.get("body", b""):
+            got_body.set()
+
+    async def receive() -> dict[str, Any]:
+        await got_body.wait()
+        return {"type": "http.disconnect"}
+
+    await asyncio.wait_for(response({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send), 5)
+    await asyncio.sleep(0)
+    assert cancels == [gid] and job.finished
+    assert not any(b"[DONE]" in m.get("body", b"") for m in sent)

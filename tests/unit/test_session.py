@@ -1,0 +1,69 @@
+"""The page's routes without any backend: the page and its files, the session cookie, demo users' guard."""
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from infra.settings import Settings
+from producers.gateway.app import create_app
+
+
+def client(address: str = "127.0.0.1", **settings: object) -> TestClient:
+    # No `with`: the lifespan (Kafka, Redis, Cassandra) never starts; these routes don't need it.
+    return TestClient(create_app(Settings().with_(**settings), {"large": "m"}), client=(address, 50000))
+
+
+def test_the_page_is_served_with_a_policy_that_forbids_inline_and_foreign_script() -> None:
+    r = client().get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert '<script type="module" src="/static/app.js">' in r.text
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "connect-src 'self'" in csp
+
+
+def test_static_files_are_served_and_nothing_outside_the_folder() -> None:
+    c = client()
+    for name in ("app.js", "api.js", "chat.js", "markdown.js", "sidebar.js", "view.js", "app.css"):
+        r = c.get(f"/static/{name}")
+        assert r.status_code == 200, name
+    assert "javascript" in c.get("/static/app.js").headers["content-type"]
+    assert c.get("/static/../app.py").status_code == 404
+    assert c.get("/static/%2e%2e/app.py").status_code == 404
+
+
+def test_no_file_loads_anything_from_another_origin() -> None:
+    c = client()
+    for name in ("app.js", "api.js", "chat.js", "markdown.js", "sidebar.js", "view.js", "app.css"):
+        body = c.get(f"/static/{name}").text
+        assert "innerHTML" not in body and "insertAdjacentHTML" not in body and "document.write" not in body, name
+        assert "//cdn" not in body and "import(\"http" not in body and "@import" not in body, name
+
+
+def test_signed_out_session_says_so_and_whether_demo_users_are_on() -> None:
+    assert client().get("/v1/session").json() == {"user": None, "local_mode": True}
+    assert client(local_mode=False).get("/v1/session").json() == {"user": None, "local_mode": False}
+
+
+@pytest.mark.parametrize(("address", "local"), [("127.0.0.1", False), ("203.0.113.9", True), ("203.0.113.9", False)])
+def test_demo_users_are_refused_unless_local_mode_and_a_local_caller(address: str, local: bool) -> None:
+    r = client(address, local_mode=local).post("/v1/session/demo", json={"plan": "paid"})
+    assert r.status_code == 403
+    assert r.json()["error"]["code"] == "not_local" and "parley user create" in r.json()["error"]["message"]
+
+
+def test_sign_out_clears_the_cookie_with_the_same_attributes() -> None:
+    r = client().delete("/v1/session")
+    assert r.status_code == 204
+    cookie = r.headers["set-cookie"].lower()
+    assert cookie.startswith('parley_session=""') and "max-age=0" in cookie
+    assert "httponly" in cookie and "secure" in cookie and "samesite=strict" in cookie and "path=/" in cookie
+
+
+def test_local_mode_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PARLEY_LOCAL_MODE", raising=False)
+    assert Settings.from_env().local_mode is True  # the services are on loopback
+    monkeypatch.setenv("PARLEY_LOCAL_MODE", "false")
+    assert Settings.from_env().local_mode is False
+    monkeypatch.setenv("PARLEY_LOCAL_MODE", "maybe")
+    with pytest.raises(ValueError, match="PARLEY_LOCAL_MODE"):
+        Settings.from_env()
