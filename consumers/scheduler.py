@@ -14,13 +14,16 @@ import time
 from collections import Counter
 from typing import Any
 
+from consumers.canned import CANNED_MODEL, CANNED_POOL, CannedReplies
 from consumers.kafka import make_consumer
 from consumers.partitioning import partition_for
 from consumers.queueing import PoolLoad, Queues, Refuse
 from consumers.stage import Out, Stage
 from infra.plans import Plan
 from infra.settings import Settings
-from schemas import GenerationFinished, GenerationQueued, GenerationRequested, PromptBuilt, RequestRefused, decode
+from schemas import (
+    GenerationFinished, GenerationQueued, GenerationRequested, PromptBuilt, RequestRefused, Usage, decode,
+)
 from schemas.errors import EventDecodeError
 from topics import BY_NAME, Topics, generate_topic_name
 
@@ -29,8 +32,10 @@ HOT_REPLICA_MARGIN = 4  # requests more than the least-loaded replica before aff
 
 
 class Scheduler:
-    def __init__(self, topics: Topics, queues: Queues, plans: dict[str, Plan], models: dict[str, str]) -> None:
+    def __init__(self, topics: Topics, queues: Queues, plans: dict[str, Plan], models: dict[str, str],
+                 canned: CannedReplies | None = None) -> None:
         self.topics, self.queues, self.plans, self.models = topics, queues, plans, models
+        self.canned = canned
         self.partition_load: dict[str, Counter[int]] = {}
         self.placed: dict[str, tuple[str, int]] = {}
 
@@ -41,6 +46,11 @@ class Scheduler:
                                          f"{', '.join(sorted(self.queues.pools))}.", None)]
         decision = self.queues.route(p.pool, plan.lane, plan.queue_wait_limit_s, p.route_reason)
         if isinstance(decision, Refuse):
+            prepared = self.canned.reply_for(p.question) if self.canned else None
+            if prepared is not None:
+                log.info("generation %s served a prepared reply: every pool past the %s limit", p.generation_id,
+                         p.plan)
+                return self._prepared(p, prepared)
             log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
             return [self._refuse(p, 503, decision.message, max(1.0, decision.wait_s - plan.queue_wait_limit_s))]
         topic = self.topics.generate(decision.pool, decision.lane)
@@ -67,6 +77,19 @@ class Scheduler:
                 enqueued_at=time.time(), **({} if p.temperature is None else {"temperature": p.temperature})),
                 p.conversation_id, partition),
         ]
+
+    def _prepared(self, p: PromptBuilt, text: str) -> list[Out]:
+        """The last-resort tier: start and finish at once, saying plainly that no model answered."""
+        queued = GenerationQueued(generation_id=p.generation_id, conversation_id=p.conversation_id,
+                                  user_id=p.user_id, pool=CANNED_POOL, model=CANNED_MODEL, lane="free", position=0,
+                                  estimated_wait_s=0.0, message_id=p.assistant_message_id)
+        done = GenerationFinished(
+            generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id, plan=p.plan,
+            message_id=p.assistant_message_id, turn=p.turn, parent_id=p.user_message_id, status="complete",
+            text=text, usage=Usage(prompt_tokens=0, completion_tokens=0), model=CANNED_MODEL, pool=CANNED_POOL,
+            worker_id="scheduler", reserved_tokens=p.reserved_tokens, route_reason="canned")
+        return [Out(self.topics.tokens, queued, p.generation_id), Out(self.topics.tokens, done, p.generation_id),
+                Out(self.topics.replies, done, p.conversation_id)]
 
     def _partition(self, topic: str, pool: str, lane: str, conversation_id: str) -> int:
         n = BY_NAME[generate_topic_name(pool, lane)].partitions
@@ -98,7 +121,8 @@ class SchedulerStage:
         topics = Topics(settings.topic_prefix)
         queues = Queues({name: PoolLoad(capacity=cfg.max_num_seqs, prior_rate=max(cfg.max_num_seqs / 20, 0.1))
                          for name, cfg in pools.items()})
-        self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()})
+        self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
+                                   CannedReplies.load())
         self.stage = Stage("scheduler", settings, "prompts", (PromptBuilt,), self.scheduler.handle)
         self._follower: asyncio.Task[None] | None = None
 

@@ -23,3 +23,4 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     summary_used: bool = False
     route_reason: str = "default"
     temperature: float | None = None
+    question: str = ""  # the user's message, for the last-resort tier's prepared replies
