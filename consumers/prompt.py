@@ -8,6 +8,7 @@ asks the small pool for a summary when older turns fall out.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -32,28 +33,34 @@ class PromptBuilder:
         self.quota = quota
 
     async def handle(self, req: RequestAdmitted) -> list[Out]:
-        history = await self.conversations.all_messages(req.conversation_id)
+        # Independent reads together: the stage's latency is its round trips to Cassandra.
+        history, summary = await asyncio.gather(
+            self.conversations.all_messages(req.conversation_id),
+            self.records.latest_summary(req.conversation_id) if req.history is None else _none())
         placed = await self._place(req, history)
         if placed is None:
             log.info("generation %s: client_message_id already answered by another generation", req.generation_id)
             return []
-        turn, user_message_id, user_text = placed
+        turn, user_message, user_text = placed
+        user_message_id = user_message.message_id
         tok = self.tokenizer_for_pool(req.pool)
         if req.history is not None:  # the client sent the whole history (OpenAI-compatible API)
-            summary = None
             fitted = fit_history([(t.role, t.content) for t in req.history], tok.count, self.budget)
         else:
             turns = _turns(history, turn, user_text)
-            summary = await self.records.latest_summary(req.conversation_id)
             fitted = fit(turns, tok.count, self.budget, (summary.upto_turn, summary.summary) if summary else None)
         ids = tok.chat_ids(fitted.messages)
         context = self.max_model_len(req.pool)
         if len(ids) + 1 > context:
             return [self._refuse(req, f"Your message is {len(ids)} tokens with the instructions; the model "
                                       f"reads at most {context}. Shorten it and send again.")]
-        await self._save_placeholder(req, turn, user_message_id)
+        # The user message is saved before generation begins (before PromptBuilt is produced).
+        writes = [self._save_placeholder(req, turn, user_message_id, history)]
+        if not req.regenerate:
+            writes.append(self.conversations.save_message(user_message))
         if self.quota is not None:
-            await self.quota.true_up(req.generation_id, len(ids))  # the estimate becomes the real prompt size
+            writes.append(self.quota.true_up(req.generation_id, len(ids)))  # estimate -> real prompt size
+        await asyncio.gather(*writes)
         outs = [Out(self.topics.prompts, PromptBuilt(
             generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
             plan=req.plan, pool=req.pool, user_message_id=user_message_id, assistant_message_id=req.generation_id,
@@ -68,27 +75,27 @@ class PromptBuilder:
                  turn, len(ids), fitted.turns_kept, fitted.summary_used)
         return outs
 
-    async def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, str, str] | None:
-        """(turn, user message id, user text) of the message to answer; None if a retry lost its claim."""
+    async def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message, str] | None:
+        """(turn, the user message, its text) to answer; None if a retry lost its client_message_id claim."""
         if req.regenerate:
             parent = next((m for m in history if m.message_id == req.parent_id and m.role == "user"), None)
             if parent is None:
                 return None
-            return parent.turn, parent.message_id, parent.content
+            return parent.turn, parent, parent.content
         turn = max((m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
         claim = await self.conversations.claim_client_message(
             req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn)
         if not claim.created and claim.generation_id != req.generation_id:
             return None
-        now = datetime.now(timezone.utc)
-        await self.conversations.save_message(Message(
-            req.conversation_id, claim.turn, req.message_id, "user", req.content, status="complete",
-            generation_id=req.generation_id, client_message_id=req.client_message_id, created_at=now))
-        return claim.turn, req.message_id, req.content
+        message = Message(req.conversation_id, claim.turn, req.message_id, "user", req.content, status="complete",
+                          generation_id=req.generation_id, client_message_id=req.client_message_id,
+                          created_at=datetime.now(timezone.utc))
+        return claim.turn, message, req.content
 
-    async def _save_placeholder(self, req: RequestAdmitted, turn: int, user_message_id: str) -> None:
+    async def _save_placeholder(self, req: RequestAdmitted, turn: int, user_message_id: str,
+                                history: list[Message]) -> None:
         """An assistant row marked ``generating``: a reopened conversation can attach to the live reply."""
-        existing = await self.conversations.get_message(req.conversation_id, turn, req.generation_id)
+        existing = next((m for m in history if m.message_id == req.generation_id), None)
         if existing is not None and existing.status != "generating":
             return  # already finished (this record is a redelivery): never overwrite the saved reply
         await self.conversations.save_message(Message(
@@ -123,3 +130,7 @@ def _turns(history: list[Message], current_turn: int, current_text: str) -> list
             replies[m.turn] = m.content
     earlier = [Turn(t, users[t], replies.get(t, "")) for t in sorted(users)]
     return earlier + [Turn(current_turn, current_text, None)]
+
+
+async def _none() -> None:
+    return None

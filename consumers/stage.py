@@ -66,7 +66,9 @@ class Stage:
             if event is not None:
                 for out in await self.handler(event):
                     await send(self.producer, out.topic, out.event, out.key, out.partition)
-            await self.consumer.commit({tp: record.offset + 1})
+        # One commit per partition batch, after every output is acknowledged: a crash re-handles at most
+        # this batch (handlers are idempotent), and a single message pays one commit, not one per hop.
+        await self.consumer.commit({tp: records[-1].offset + 1})
 
 
 async def run_stages(*stages: Any) -> None:
