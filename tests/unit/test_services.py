@@ -71,6 +71,10 @@ def test_start_wait_stop_and_ownership(tmp_path: Path) -> None:
     try:
         assert process.read_pid(pid_file) == pid
         assert process.is_alive(pid)
+        # Under load the child may not have exec'd `sleep` yet: give it a moment, bounded.
+        deadline = time.monotonic() + 10
+        while not process.is_ours(pid, exe_names=["sleep"], cwd=cwd, markers=["30"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert process.is_ours(pid, exe_names=["sleep"], cwd=cwd, markers=["30"])
         assert not process.is_ours(pid, exe_names=["java"], cwd=cwd)
         assert not process.is_ours(pid, exe_names=["sleep"], cwd=tmp_path)
