@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,10 +53,11 @@ async def chat_completions(request: Request, body: Any = Body(..., examples=[EXA
     gw = gateway_of(request)
     chat = compat.parse(body, gw.models, gw.settings.default_pool, gw.settings.max_message_chars)
     conv = await gw.conversations.create(user.user_id, model=chat.pool, title=chat.title)
+    message_id = new_id()  # before the generation id: the user message sorts before its reply
     generation_id = new_id()
     accepted = await submission.submit(gw, user, MessageSubmitted(
         generation_id=generation_id, conversation_id=conv.conversation_id, user_id=user.user_id,
-        plan=user.plan, message_id=new_id(), client_message_id=f"openai-{generation_id}",  # type: ignore[arg-type]
+        plan=user.plan, message_id=message_id, client_message_id=f"openai-{generation_id}",  # type: ignore[arg-type]
         content=chat.content, pool=chat.pool, max_tokens=chat.max_tokens, temperature=chat.temperature,
         history=chat.history, gateway_id=gw.gateway_id))
     job = _Job(gw, accepted, conv.conversation_id, user.user_id, _model_of(gw, accepted, chat.pool))
@@ -135,8 +136,8 @@ async def _completion(request: Request, job: _Job) -> dict[str, Any]:
         job.close()
 
 
-async def _chunks(job: _Job, include_usage: bool) -> AsyncIterator[bytes]:
-    gid, beat = job.generation_id, job.reading()
+async def _chunks(job: _Job, include_usage: bool) -> AsyncGenerator[bytes, None]:
+    gid, beat, sent = job.generation_id, job.reading(), ""
     try:
         yield compat.chunk(gid, job.model, {"role": "assistant", "content": ""}, include_usage=include_usage)
         async for event in job.events(idle_s=job.gw.keepalive_s):
@@ -145,6 +146,7 @@ async def _chunks(job: _Job, include_usage: bool) -> AsyncIterator[bytes]:
             elif isinstance(event, (GenerationQueued, GenerationStarted)):
                 job.model = event.model
             elif isinstance(event, TokensAppended) and event.text:
+                sent += event.text
                 yield compat.chunk(gid, job.model, {"content": event.text}, include_usage=include_usage)
             elif isinstance(event, RequestRefused):
                 job.finished = True
@@ -152,7 +154,7 @@ async def _chunks(job: _Job, include_usage: bool) -> AsyncIterator[bytes]:
                 return
             elif isinstance(event, GenerationFinished):
                 job.finished = True
-                for line in _ending(event, include_usage):
+                for line in _ending(event, sent, include_usage):
                     yield line
                 return
     finally:
@@ -160,15 +162,20 @@ async def _chunks(job: _Job, include_usage: bool) -> AsyncIterator[bytes]:
         job.close()
 
 
-def _ending(event: GenerationFinished, include_usage: bool) -> list[bytes]:
+def _ending(event: GenerationFinished, sent: str, include_usage: bool) -> list[bytes]:
+    """The last lines; text the deltas did not carry (a prepared reply has none) goes first."""
     if event.status == "failed":
         message = event.reason or "The model failed to answer. Try again."
         return [compat.sse_data(compat.error_json(compat.CompatError(
             500, "generation_failed", message, type_="server_error"))[1])]
-    lines = [compat.chunk(event.generation_id, event.model, {}, compat.FINISH_REASONS[event.status],
-                          include_usage=include_usage)]
+    rest = event.text[len(sent):] if event.text.startswith(sent) else ""
+    gid, lines = event.generation_id, []
+    if rest:
+        lines.append(compat.chunk(gid, event.model, {"content": rest}, include_usage=include_usage))
+    lines.append(compat.chunk(gid, event.model, {}, compat.FINISH_REASONS[event.status],
+                              include_usage=include_usage))
     if include_usage:
-        lines.append(compat.chunk(event.generation_id, event.model, None, usage=event.usage, include_usage=True))
+        lines.append(compat.chunk(gid, event.model, None, usage=event.usage, include_usage=True))
     return [*lines, compat.DONE]
 
 

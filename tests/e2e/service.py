@@ -2,6 +2,7 @@
 started as separate processes by the same commands `parley up` uses, on a topic prefix of their own."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -36,7 +37,12 @@ class Proc:
             os.killpg(self.popen.pid, sig)
         except ProcessLookupError:
             pass
-        self.popen.wait(timeout=30)
+        try:
+            self.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # too slow to stop on a busy machine: don't leave it behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=30)
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -87,7 +93,10 @@ class Service:
     def stop(self) -> None:
         for proc in reversed(list(self.procs.values())):
             if proc.popen.poll() is None:
-                proc.kill(signal.SIGTERM)
+                try:
+                    proc.kill(signal.SIGTERM)
+                except subprocess.TimeoutExpired:
+                    proc.kill(signal.SIGKILL)  # never leave a worker behind
 
 
 def launch(base: Settings, log_dir: Path, reader_timeout_s: float = 3.0, plans_file: Path | None = None) -> Service:
@@ -97,6 +106,8 @@ def launch(base: Settings, log_dir: Path, reader_timeout_s: float = 3.0, plans_f
                PARLEY_READER_TIMEOUT_S=str(reader_timeout_s), PARLEY_POOL_LARGE_MAX_SEQS="8",
                PARLEY_POOL_SMALL_MAX_SEQS="4", PARLEY_POOL_LARGE_KV_CACHE_GIB="1",
                PARLEY_POOL_SMALL_KV_CACHE_GIB="1", PYTHONUNBUFFERED="1")
+    log_dir = log_dir / prefix.rstrip(".")  # one folder per launch: parallel runs never read each other's logs
+    log_dir.mkdir(parents=True, exist_ok=True)
     service = Service(base.with_(topic_prefix=prefix), env, log_dir)
     ensure_topics(service.settings)
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,7 @@ def job_with(*events: Any) -> routes_openai._Job:
     return routes_openai._Job(FakeGateway(), Accepted(gid, queue, []), "c", "u", "Smol")  # type: ignore[arg-type]
 
 
-def ids(gid: str) -> dict[str, str]:
+def ids(gid: str) -> dict[str, Any]:
     return {"generation_id": gid, "conversation_id": "c", "user_id": "u"}
 
 
@@ -95,15 +96,15 @@ async def test_a_client_disconnect_seen_by_starlette_cancels_the_generation(canc
     job = job_with(TokensAppended(**ids(gid), seq=0, text="Hi", token_ids=[1]))
     response = routes_openai._CancelOnLeave(routes_openai._chunks(job, False), job,
                                             media_type="text/event-stream")
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
     got_body = asyncio.Event()
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
         if b"Hi" in message.get("body", b""):
             got_body.set()
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> MutableMapping[str, Any]:
         await got_body.wait()
         return {"type": "http.disconnect"}
 
@@ -111,3 +112,15 @@ async def test_a_client_disconnect_seen_by_starlette_cancels_the_generation(canc
     await asyncio.sleep(0)
     assert cancels == [gid] and job.finished
     assert not any(b"[DONE]" in m.get("body", b"") for m in sent)
+
+
+async def test_text_no_delta_carried_arrives_before_the_finish(cancels: list[str]) -> None:
+    gid = new_id()  # a prepared reply: queued and finished at once, no token events
+    job = job_with(
+        GenerationQueued(**ids(gid), pool="canned", model="Prepared", lane="free", position=0, estimated_wait_s=0),
+        GenerationFinished(**ids(gid), plan="free", message_id="m", status="complete", text="Try later.",
+                           usage=Usage(), model="Prepared", pool="canned", worker_id="scheduler"))
+    out = payloads([line async for line in routes_openai._chunks(job, include_usage=False)])
+    assert [c["choices"][0]["delta"] for c in out[:-1]] == [{"role": "assistant", "content": ""},
+                                                             {"content": "Try later."}, {}]
+    assert out[2]["choices"][0]["finish_reason"] == "stop" and out[-1] == "[DONE]" and cancels == []

@@ -142,11 +142,10 @@ export function follow(generationId, handlers) {
         return;
       }
       failures += 1;
-      handlers.state("reconnecting");
+      handlers.state(failures >= 5 ? "lost" : "reconnecting");
       if (source.readyState === EventSource.CLOSED) { // the browser gave up: try again ourselves
         const wait = Math.min(8000, 500 * 2 ** Math.min(failures, 4));
         timer = setTimeout(() => { if (!finished) open(); }, wait);
-        if (failures >= 8) handlers.state("lost");
       }
     });
   };

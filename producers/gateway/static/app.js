@@ -32,21 +32,19 @@ function wireSignIn() {
     e.preventDefault();
     await signIn(() => api("POST", "/v1/session", { token: $("token").value.trim() }));
   });
-  $("demo-button").addEventListener("click", () => signIn(async () => {
-    const made = await api("POST", "/v1/session/demo", { plan: "free" });
-    showBanner(`Demo user created (free plan). Its token, shown only now, for the API and next sign-in: ${made.token}`,
-      "info");
-    return made;
-  }));
+  $("demo-button").addEventListener("click", () => signIn(() => api("POST", "/v1/session/demo", { plan: "free" })));
 }
 
 async function signIn(call) {
   const error = $("signin-error");
   error.hidden = true;
   try {
-    const { user } = await call();
+    const { user, token } = await call();
     $("token").value = "";
     await showApp(user);
+    if (token) { // a demo user: its token is shown this once
+      showBanner(`Demo user created (free plan). Keep its token to sign in again or call the API: ${token}`, "info");
+    }
   } catch (err) {
     error.textContent = err.message;
     error.hidden = false;
@@ -83,6 +81,9 @@ function wireApp() {
       refreshUsage();
     },
     title: (title) => setTitle(title),
+    lost: () => api("GET", "/v1/session").then((s) => {
+      if (!s.user) signedOut("Your session has ended. Sign in again.");
+    }, () => null),
     failed: (err, text) => {
       if (text && !$("input").value) $("input").value = text; // not sent: give the words back
       showBanner(describe(err));

@@ -8,7 +8,8 @@ const DONE = { end: "complete", stopped: "stopped", length: "length", error: "fa
 let localIds = 0;
 
 export class Chat {
-  // ui: {messages, empty, send, stop}; hooks: {model(), created(id), replied(id), title(text), failed(err, text)}
+  // ui: {messages, empty, send, stop}
+  // hooks: {model(), created(id), replied(id), title(text), failed(err, text), lost()}
   constructor(ui, hooks) {
     this.ui = ui;
     this.hooks = hooks;
@@ -164,7 +165,10 @@ export class Chat {
       delta: (text) => update({ notice: "", content: reply.content + text }),
       snapshot: (text) => update({ notice: "", content: text }),
       error: (d) => update({ notice: d.message || "The model could not answer. Try regenerating." }),
-      state: (link) => update({ link }),
+      state: (link) => {
+        update({ link });
+        if (link === "lost") this.hooks.lost(); // perhaps signed out: a stream can't say 401
+      },
       end: (d) => {
         this.followers.delete(id);
         Object.assign(reply, { status: DONE[d.stop_reason] || "complete", usage: d.usage, link: "live" });

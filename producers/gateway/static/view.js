@@ -50,6 +50,7 @@ export function paintReply(node, msg) {
   node.querySelector(".md").replaceChildren(renderMarkdown(msg.content || ""));
   node.querySelector(".thinking").hidden = Boolean(msg.content) || msg.status !== "generating";
   node.classList.toggle("generating", msg.status === "generating");
+  node.setAttribute("aria-busy", String(msg.status === "generating"));
   node.classList.toggle("failed", msg.status === "failed");
   const notice = [msg.notice, LINK[msg.link]].filter(Boolean).join(" ");
   node.querySelector(".notice").textContent = notice;
