@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -37,6 +38,7 @@ async def until(page: Any, js: str, timeout: float = 60, arg: Any = None) -> Any
         if value:
             return value
         if asyncio.get_running_loop().time() > deadline:
+            await shot(page, f"failed-wait-{int(time.time())}")  # what the page showed instead
             raise AssertionError(f"not true after {timeout:.0f}s: {js}")
         await asyncio.sleep(0.05)
 
@@ -55,9 +57,9 @@ async def sign_in(page: Any, who: Caller) -> None:
 
 
 async def send(page: Any, text: str) -> None:
+    """Type and press Enter; the page has drawn the pending reply by the time the key press returns."""
     await page.locator("#input").fill(text)
     await page.locator("#input").press("Enter")
-    await until(page, f"document.querySelector('{REPLY}')")
 
 
 async def reply_text(page: Any) -> str:

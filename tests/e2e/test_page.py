@@ -266,6 +266,7 @@ async def test_demo_user_in_local_mode_and_the_session_cookie(open_page: OpenPag
     await page.goto("/")
     await page.locator("#demo-button").click()
     await page.locator("#app").wait_for(state="visible")
+    await page.locator("#banner").wait_for(state="visible")  # its token, shown this once
     assert "pk_" in await page.locator("#banner-text").inner_text()
     assert await page.locator("#who").inner_text() == "demo · free plan"
     await shot(page, "16-demo-user")
