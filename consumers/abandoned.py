@@ -14,7 +14,12 @@ from consumers.kafka import make_consumer, make_producer, send
 from infra import keys
 from infra.settings import Settings
 from schemas import (
-    CancelRequested, EventDecodeError, GenerationFinished, GenerationQueued, GenerationStarted, RequestRefused,
+    CancelRequested,
+    EventDecodeError,
+    GenerationFinished,
+    GenerationQueued,
+    GenerationStarted,
+    RequestRefused,
     decode,
 )
 from topics import Topics

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 DEFAULT_FILE = Path(__file__).resolve().parents[1] / "infra" / "canned.toml"
 CANNED_POOL = "canned"
@@ -22,7 +22,7 @@ class CannedReplies:
         self.table = {normalise(k): v for k, v in table.items()}
 
     @classmethod
-    def load(cls, environ: Mapping[str, str] | None = None) -> "CannedReplies":
+    def load(cls, environ: Mapping[str, str] | None = None) -> CannedReplies:
         environ = os.environ if environ is None else environ
         path = Path(environ.get("PARLEY_CANNED_FILE") or DEFAULT_FILE)
         with path.open("rb") as fh:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from consumers.prompt_fit import Turn, fit, fit_history
 from consumers.stage import Out
@@ -89,7 +90,7 @@ class PromptBuilder:
             return None
         message = Message(req.conversation_id, claim.turn, req.message_id, "user", req.content, status="complete",
                           generation_id=req.generation_id, client_message_id=req.client_message_id,
-                          created_at=datetime.now(timezone.utc))
+                          created_at=datetime.now(UTC))
         return claim.turn, message, req.content
 
     async def _save_placeholder(self, req: RequestAdmitted, turn: int, user_message_id: str,
@@ -101,7 +102,7 @@ class PromptBuilder:
         await self.conversations.save_message(Message(
             req.conversation_id, turn, req.generation_id, "assistant", "", status="generating", pool=req.pool,
             parent_id=user_message_id, generation_id=req.generation_id, route_reason=req.route_reason,
-            created_at=datetime.now(timezone.utc)))
+            created_at=datetime.now(UTC)))
 
     def _refuse(self, req: RequestAdmitted, message: str) -> Out:
         return Out(self.topics.tokens, RequestRefused(

@@ -5,8 +5,8 @@ its KV blocks; a summary of dropped turns goes after it, never inside it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 SYSTEM_PROMPT = (
     "You are Parley, a helpful, honest assistant. Answer clearly and concisely. "

@@ -45,7 +45,7 @@ def _text(value: Any) -> str:
 
 def _pairs(flat: list[Any]) -> dict[str, str]:
     items = [_text(v) for v in flat]
-    return dict(zip(items[::2], items[1::2]))
+    return dict(zip(items[::2], items[1::2], strict=True))  # Redis answers key, value pairs
 
 
 def _strings(mapping: Mapping[Any, Any]) -> dict[str, str]:

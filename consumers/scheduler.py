@@ -22,7 +22,13 @@ from consumers.stage import Out, Stage
 from infra.plans import Plan
 from infra.settings import Settings
 from schemas import (
-    GenerationFinished, GenerationQueued, GenerationRequested, PromptBuilt, RequestRefused, Usage, decode,
+    GenerationFinished,
+    GenerationQueued,
+    GenerationRequested,
+    PromptBuilt,
+    RequestRefused,
+    Usage,
+    decode,
 )
 from schemas.errors import EventDecodeError
 from topics import BY_NAME, Topics, generate_topic_name

@@ -1,7 +1,8 @@
 """Build the pipeline's stages from settings: the one place that knows what each stage needs."""
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 

@@ -29,7 +29,13 @@ from consumers.worker_metrics import WorkerMetrics
 from infra import keys
 from infra.settings import Settings
 from schemas import (
-    CancelRequested, GenerationRequested, GenerationStarted, TokensAppended, Usage, decode, encode,
+    CancelRequested,
+    GenerationRequested,
+    GenerationStarted,
+    TokensAppended,
+    Usage,
+    decode,
+    encode,
 )
 from schemas.errors import EventDecodeError
 from topics import Topics
@@ -39,7 +45,7 @@ CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
 
 
 class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, worker: "GenerationWorker") -> None:
+    def __init__(self, worker: GenerationWorker) -> None:
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -283,8 +289,8 @@ class GenerationWorker:
         reader = make_consumer(self.settings.kafka_bootstrap, group_id=None)
         await reader.start()
         try:
-            tps = [TopicPartition(self.topics.control, p)
-                   for p in (reader.partitions_for_topic(self.topics.control) or await _topic_parts(reader, self.topics.control))]
+            parts = reader.partitions_for_topic(self.topics.control) or await _topic_parts(reader, self.topics.control)
+            tps = [TopicPartition(self.topics.control, p) for p in parts]
             reader.assign(tps)
             since = int((time.time() - CANCEL_MEMORY_S) * 1000)
             for tp, found in (await reader.offsets_for_times({tp: since for tp in tps})).items():

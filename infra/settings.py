@@ -68,7 +68,7 @@ class Settings:
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         ports = Ports(
             kafka=_env_int("KAFKA_PORT", Ports.kafka),
             kafka_controller=_env_int("KAFKA_CONTROLLER_PORT", Ports.kafka_controller),
@@ -94,7 +94,7 @@ class Settings:
             local_mode=_env_bool("LOCAL_MODE", is_loopback(cls.host)),
         )
 
-    def with_(self, **changes: object) -> "Settings":
+    def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 
     @property

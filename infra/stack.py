@@ -234,7 +234,7 @@ def status(settings: Settings) -> list[ServiceStatus]:
     stack = services(settings)
     with ThreadPoolExecutor(max_workers=len(stack)) as pool:
         probes = list(pool.map(lambda s: s.probe(timeout=5.0), stack))
-    return [_status_of(s, p) for s, p in zip(stack, probes)]
+    return [_status_of(s, p) for s, p in zip(stack, probes, strict=True)]
 
 
 # ------------------------------------------------------------------------------------------- the service

@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any, Union
 
 import msgspec
@@ -42,7 +42,7 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _decoder(types: tuple[type[Event], ...]) -> msgspec.json.Decoder[Any]:
     target: Any = types[0] if len(types) == 1 else Union[types]  # noqa: UP007 - runtime union of classes
     return msgspec.json.Decoder(target)

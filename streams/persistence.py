@@ -9,8 +9,9 @@ event's own timestamps, so a redelivered event rewrites the same values.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import faust
 
@@ -44,7 +45,7 @@ class Persistence:
         return await self._reply(e)
 
     async def _reply(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
-        finished_at = datetime.fromtimestamp(e.at, timezone.utc)
+        finished_at = datetime.fromtimestamp(e.at, UTC)
         existing = await self.conversations.get_message(e.conversation_id, e.turn, e.message_id)
         await self.conversations.save_message(Message(
             e.conversation_id, e.turn, e.message_id, "assistant", e.text, status=e.status,

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
-from typing import AsyncIterator, Iterator
 
 import pytest
 

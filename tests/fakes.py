@@ -120,7 +120,8 @@ class FakeEngine:
     def _cached_prefix(self, prompt: list[int]) -> int:
         best = 0
         for seen in self._seen_prompts:
-            common = next((i for i, (a, b) in enumerate(zip(seen, prompt)) if a != b), min(len(seen), len(prompt)))
+            pairs = enumerate(zip(seen, prompt, strict=False))
+            common = next((i for i, (a, b) in pairs if a != b), min(len(seen), len(prompt)))
             best = max(best, common)
         self._seen_prompts.append(prompt)
         return min(best // self.block_size * self.block_size, max(len(prompt) - 1, 0))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cassandra.cluster import Session
@@ -70,7 +70,7 @@ def apply_to(session: Session, keyspace: str) -> list[int]:
             session.execute(statement, timeout=60)
         session.execute(
             "INSERT INTO schema_migrations (version, name, applied_at) VALUES (%s, %s, %s)",
-            (migration.version, migration.name, datetime.now(timezone.utc)),
+            (migration.version, migration.name, datetime.now(UTC)),
         )
         log.info("cql migration %03d_%s applied to %s", migration.version, migration.name, keyspace)
         applied.append(migration.version)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from infra.db.session import AsyncSession
 from schemas import new_id
@@ -32,7 +32,7 @@ class Accounts:
         if plan not in ("free", "paid"):
             raise ValueError(f"plan must be 'free' or 'paid', not {plan!r}")
         user = User(new_id(), plan, display_name)
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         await self.db.execute(
             "INSERT INTO users (user_id, plan, display_name, created_at) VALUES (?, ?, ?, ?)",
             (user.user_id, plan, display_name, now),
@@ -43,7 +43,7 @@ class Accounts:
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         await self.db.execute(
             "INSERT INTO api_tokens (token_hash, user_id, created_at) VALUES (?, ?, ?)",
-            (hash_token(token), user_id, datetime.now(timezone.utc)),
+            (hash_token(token), user_id, datetime.now(UTC)),
         )
         return token
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from infra.db.session import AsyncSession
 from schemas import new_id
@@ -56,7 +56,7 @@ MESSAGE_COLUMNS = [f.name for f in fields(Message)]
 
 def _utc(ts: datetime) -> datetime:
     """The driver returns naive UTC datetimes; compare and store aware ones."""
-    return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
 
 
 def _ms(ts: datetime) -> int:
@@ -76,7 +76,7 @@ class Conversations:
         self.db = db
 
     async def create(self, user_id: str, model: str | None = None, title: str | None = None) -> Conversation:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         conv = Conversation(new_id(), user_id, title, model, now)
         await self.db.execute(
             "INSERT INTO conversations (conversation_id, user_id, title, model, created_at, updated_at, deleted) "

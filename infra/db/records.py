@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from infra.db.session import AsyncSession
 
@@ -26,7 +26,7 @@ class Summary:
 
 
 def _ts(epoch: float | None) -> datetime | None:
-    return datetime.fromtimestamp(epoch, timezone.utc) if epoch else None
+    return datetime.fromtimestamp(epoch, UTC) if epoch else None
 
 
 class Records:
@@ -53,7 +53,7 @@ class Records:
         await self.db.execute(
             "INSERT INTO usage_by_day (user_id, day, tokens_in, tokens_out, tokens_cached, replies, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (u.user_id, u.day, u.tokens_in, u.tokens_out, u.tokens_cached, u.replies, datetime.now(timezone.utc)))
+            (u.user_id, u.day, u.tokens_in, u.tokens_out, u.tokens_cached, u.replies, datetime.now(UTC)))
 
     async def usage_day(self, user_id: str, day: str) -> UsageDay | None:
         rows = await self.db.execute(
@@ -64,7 +64,7 @@ class Records:
     async def save_summary(self, s: Summary) -> None:
         await self.db.execute(
             "INSERT INTO summaries (conversation_id, upto_turn, summary, tokens, created_at) VALUES (?, ?, ?, ?, ?)",
-            (s.conversation_id, s.upto_turn, s.summary, s.tokens, datetime.now(timezone.utc)))
+            (s.conversation_id, s.upto_turn, s.summary, s.tokens, datetime.now(UTC)))
 
     async def latest_summary(self, conversation_id: str) -> Summary | None:
         rows = await self.db.execute(

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy
@@ -76,7 +77,7 @@ class AsyncSession:
         return await _bridge(future)
 
 
-def _bridge(future: ResponseFuture) -> "asyncio.Future[Page]":
+def _bridge(future: ResponseFuture) -> asyncio.Future[Page]:
     loop = asyncio.get_running_loop()
     result: asyncio.Future[Page] = loop.create_future()
 
@@ -91,7 +92,7 @@ def _bridge(future: ResponseFuture) -> "asyncio.Future[Page]":
     return result
 
 
-def _settle(result: "asyncio.Future[Page]", page: Page | None, exc: BaseException | None) -> None:
+def _settle(result: asyncio.Future[Page], page: Page | None, exc: BaseException | None) -> None:
     if result.done():
         return
     if exc is not None:

@@ -72,10 +72,10 @@ class Service(ABC):
         return []
 
     # ------------------------------------------------------------ to implement
-    def install(self, console: Console | None = None) -> None:
+    def install(self, console: Console | None = None) -> None:  # noqa: B027 - an optional hook
         """Download or install what the service runs (once)."""
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027 - an optional hook
         """Write config files and initialise storage before a start."""
 
     @abstractmethod

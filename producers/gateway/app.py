@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 from aiokafka.errors import KafkaError
 from cassandra import DriverException
@@ -36,7 +36,12 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app.state.gateway = gateway
     _error_handlers(app)
     from producers.gateway import (
-        routes_chat, routes_conversations, routes_openai, routes_session, routes_usage, routes_web,
+        routes_chat,
+        routes_conversations,
+        routes_openai,
+        routes_session,
+        routes_usage,
+        routes_web,
     )
 
     app.include_router(routes_session.router)

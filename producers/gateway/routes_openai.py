@@ -46,7 +46,8 @@ EXAMPLE = {"model": "large", "messages": [{"role": "user", "content": "What is t
            "stream": False, "max_tokens": 64}
 
 
-@router.post("/chat/completions", response_model=None, responses={200: {"content": {"application/json": {}, "text/event-stream": {}}}})
+@router.post("/chat/completions", response_model=None,
+             responses={200: {"content": {"application/json": {}, "text/event-stream": {}}}})
 async def chat_completions(request: Request, body: Any = Body(..., examples=[EXAMPLE]),
                            user: User = Depends(current_user)) -> Any:
     """OpenAI-compatible chat completion; see the README for what is not supported (a 400 names it)."""

@@ -54,7 +54,7 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
         while True:
             try:
                 offset, event = await asyncio.wait_for(live.get(), keepalive_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 yield KEEPALIVE
                 continue
             if offset <= last:

@@ -1,7 +1,7 @@
 """Repository round trips against the real Cassandra, in the test run's keyspace."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from infra.cql.migrate import apply
 from infra.db.accounts import Accounts, hash_token
@@ -26,7 +26,7 @@ async def test_conversations_list_newest_first_with_cursor(db) -> None:  # type:
     user = new_id()
     made = [await convs.create(user) for _ in range(5)]
     # touch the oldest: it must move to the top, and appear once
-    top = await convs.touch(made[0], datetime.now(timezone.utc) + timedelta(seconds=5), title="First")
+    top = await convs.touch(made[0], datetime.now(UTC) + timedelta(seconds=5), title="First")
     page1, cursor = await convs.list_for_user(user, limit=3)
     assert [c.conversation_id for c in page1][0] == top.conversation_id and page1[0].title == "First"
     page2, _ = await convs.list_for_user(user, cursor=cursor, limit=3)

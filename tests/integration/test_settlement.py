@@ -37,7 +37,8 @@ def finished(gen: str, user: str, prompt: int, out: int, status: str = "complete
     return GenerationFinished(generation_id=gen, conversation_id=f"c-{gen}", user_id=user, plan="free",
                               message_id=gen, status=status, text="", model="SmolLM2", pool="small",  # type: ignore[arg-type]
                               worker_id="w1", purpose=purpose,  # type: ignore[arg-type]
-                              usage=Usage(prompt_tokens=prompt, completion_tokens=out, cached_prompt_tokens=prompt // 2))
+                              usage=Usage(prompt_tokens=prompt, completion_tokens=out,
+                                          cached_prompt_tokens=prompt // 2))
 
 
 async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restart(

@@ -14,7 +14,13 @@ from consumers.kafka import make_consumer, make_producer, send
 from consumers.partitioning import partition_for
 from infra.settings import Settings
 from schemas import (
-    CancelRequested, GenerationFinished, GenerationRequested, GenerationStarted, TokensAppended, decode, new_id,
+    CancelRequested,
+    GenerationFinished,
+    GenerationRequested,
+    GenerationStarted,
+    TokensAppended,
+    decode,
+    new_id,
 )
 from tests.e2e.service import Service, free_port
 from topics import Topics
@@ -62,7 +68,8 @@ def _prompt(text: str) -> list[int]:
     return tok.chat_ids([{"role": "user", "content": text}])
 
 
-async def _token_events(settings: Settings, until: set[str], timeout: float = 180) -> dict[str, list[tuple[int, object]]]:
+async def _token_events(settings: Settings, until: set[str],
+                        timeout: float = 180) -> dict[str, list[tuple[int, object]]]:
     """Every chat.tokens event per generation until each of ``until`` has finished."""
     topics = Topics(settings.topic_prefix)
     reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None)
@@ -151,7 +158,8 @@ async def test_cancel_stops_within_one_step_and_offsets_wait_for_the_unfinished(
                 assert committed == record_offset, "committed past a request still generating"
                 cancel_at = time.time()
                 await send(producer, topics.control, CancelRequested(
-                    generation_id=long_req.generation_id, conversation_id=conv, user_id="u"), key=long_req.generation_id)
+                    generation_id=long_req.generation_id, conversation_id=conv, user_id="u"),
+                    key=long_req.generation_id)
         await reader.stop()
     finally:
         await producer.stop()

@@ -2,8 +2,17 @@ import msgspec
 import pytest
 
 from schemas import (
-    ALL_EVENTS, GenerationFinished, MalformedEvent, MessageSubmitted, TokensAppended, UnsupportedVersion, Usage,
-    decode, encode, id_time_ms, new_id,
+    ALL_EVENTS,
+    GenerationFinished,
+    MalformedEvent,
+    MessageSubmitted,
+    TokensAppended,
+    UnsupportedVersion,
+    Usage,
+    decode,
+    encode,
+    id_time_ms,
+    new_id,
 )
 from schemas.jsonschema import OUT_DIR, render
 

@@ -47,7 +47,8 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 STUBBORN = """
 import subprocess, sys, time  # standin-stubborn
 child = subprocess.Popen([sys.executable, "-c",
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child', 'up', flush=True); time.sleep(600)"])
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('child', 'up', flush=True); time.sleep(600)"])
 print(f"{'child'} pid={child.pid}", flush=True)
 time.sleep(600)
 """
