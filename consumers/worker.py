@@ -142,9 +142,11 @@ class GenerationWorker:
         if paid:
             got = await self.consumer.getmany(*paid, timeout_ms=0, max_records=slots)
             if not got and await self._paid_waiting(paid):
-                # Paid records exist but are not fetched yet: hold the free lane until they are.
+                # Paid records may exist but are not fetched yet: hold the free lane until the paid
+                # lane is known to be empty, however slow the fetch (a busy machine, a fresh start).
                 self.consumer.pause(*free)
                 got = await self.consumer.getmany(*paid, timeout_ms=50, max_records=slots)
+                return [(tp, r) for tp, records in sorted(got.items(), key=lambda i: i[0].partition) for r in records]
         if not got and free:
             self.consumer.resume(*free)
             got = await self.consumer.getmany(*free, timeout_ms=20, max_records=slots)
