@@ -35,7 +35,11 @@ def make_consumer(bootstrap: str, *topic_names: str, group_id: str | None, **ove
         group_id=group_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=10,  # a stage waits for work, not for a full fetch
+        # The broker answers a fetch as soon as one byte arrives (fetch_min_bytes=1), so a long wait costs
+        # no latency; a short one only makes every idle consumer poll the broker 100 times a second,
+        # which on a small machine takes CPU from the engine.
+        fetch_max_wait_ms=500,
+        fetch_min_bytes=1,
         isolation_level="read_uncommitted",
     )
     options.update(overrides)

@@ -34,7 +34,7 @@ class TokenRelay:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.consumer = make_consumer(self.bootstrap, group_id=None, fetch_max_wait_ms=5)
+        self.consumer = make_consumer(self.bootstrap, group_id=None)
         await self.consumer.start()
         parts = await _partitions(self.consumer, self.topic)
         self.partitions = len(parts)
