@@ -9,12 +9,14 @@ doing the work (this process + its EngineCore for (a); gateway, stages, worker +
 Prompts are exactly what the prompt stage builds for a new conversation's first turn (shared system prompt
 + the message); sampling is the pipeline's default for replies (temperature 0.7, top_p 0.95). Paid users,
 limits from ``tests/benchmarks/plans.toml`` (the reply cap is max_tokens), large pool at 32 sequences.
-Per request, the event timestamps on every topic split the time to first token by hop.
+Per request, the event timestamps on every topic split the time to first token by hop. At concurrency 1
+each reply is followed by a pause (``--think-s``, both sides), so a request's time to first token is not
+spent behind the previous reply's tail work (persistence, settlement) on this 2-core machine.
 
 Targets: (b)/(a) tokens/s >= 0.90 at 32; TTFT added at 1 stream <= 25 ms p50.
 
-    python -m tests.benchmarks.bench_pipeline [--quick] [--max-tokens 64] [--levels 1,8,32] [--with-small]
-                                              [--profile]
+    python -m tests.benchmarks.bench_pipeline [--quick] [--max-tokens 64] [--levels 1,8,32] [--think-s 0.5]
+                                              [--with-small] [--profile]
 """
 from __future__ import annotations
 
@@ -43,12 +45,12 @@ HOPS = ("gateway", "admission", "prompt", "scheduler", "worker_pickup", "engine_
 
 
 def requests_at(concurrency: int, quick: bool) -> int:
-    return {1: 3 if quick else 6}.get(concurrency, concurrency * (1 if quick else 2))
+    return {1: 4 if quick else 10}.get(concurrency, concurrency * (1 if quick else 2))
 
 
 # -- (a) the engine alone ----------------------------------------------------------------------------------
 async def engine_side(pool: Any, prompts: list[list[int]], max_tokens: int, levels: list[int],
-                      quick: bool) -> dict[str, Any]:
+                      quick: bool, think_s: float) -> dict[str, Any]:
     from consumers.engine import VllmEngine
 
     engine = VllmEngine(pool)
@@ -62,7 +64,8 @@ async def engine_side(pool: Any, prompts: list[list[int]], max_tokens: int, leve
             await one(i)  # warm-up, not counted
         out = {}
         for c in levels:
-            out[f"c{c}"], _ = await common.measured_level(c, requests_at(c, quick), one, [os.getpid()])
+            out[f"c{c}"], _ = await common.measured_level(c, requests_at(c, quick), one, [os.getpid()],
+                                                          think_s if c == 1 else 0.0)
         return out
     finally:
         await engine.close()
@@ -108,10 +111,11 @@ class Pipeline:
         finally:
             await stream.close()
 
-    async def level(self, c: int, n: int, cpu_pids: list[int]) -> tuple[dict[str, Any], list[Timeline]]:
+    async def level(self, c: int, n: int, cpu_pids: list[int],
+                    think_s: float = 0.0) -> tuple[dict[str, Any], list[Timeline]]:
         convs = await self.conversations(n)
         return await common.measured_level(c, n, lambda i: self.message(i, convs[i], common.story_request(i)),
-                                           cpu_pids)
+                                           cpu_pids, think_s)
 
     def hops(self, run: Timeline) -> dict[str, float] | None:
         """Where this request's time to first token went, from each event's own timestamp (ms)."""
@@ -142,8 +146,8 @@ async def idle_cpu(svc: Any, seconds: float = 5.0) -> dict[str, dict[str, float]
     before = sample()
     await asyncio.sleep(seconds)
     after = sample()
-    return {n: {"self": round((after[n][0] - before[n][0]) / seconds, 3),
-                "children": round((after[n][1] - after[n][0] - before[n][1] + before[n][0]) / seconds, 3)}
+    return {n: {"self": round(max(0.0, after[n][0] - before[n][0]) / seconds, 3),
+                "children": round(max(0.0, after[n][1] - after[n][0] - before[n][1] + before[n][0]) / seconds, 3)}
             for n in before}
 
 
@@ -164,7 +168,7 @@ async def profile_pass(svc: Any, pipe: Pipeline, levels: list[int], quick: bool)
 
 
 async def pipeline_side(settings: Settings, levels: list[int], quick: bool, env: dict[str, str],
-                        with_small: bool, profile: bool) -> dict[str, Any]:
+                        with_small: bool, profile: bool, think_s: float) -> dict[str, Any]:
     svc = common.service(settings, "bench_pipeline", **env)
     try:
         started = time.time()
@@ -179,7 +183,7 @@ async def pipeline_side(settings: Settings, levels: list[int], quick: bool, env:
             out: dict[str, Any] = {"idle_cpu_share_of_one_core": await idle_cpu(svc)}
             print(f"   idle CPU of the service processes (share of one core): {out['idle_cpu_share_of_one_core']}")
             for c in levels:
-                out[f"c{c}"], runs = await pipe.level(c, requests_at(c, quick), pids)
+                out[f"c{c}"], runs = await pipe.level(c, requests_at(c, quick), pids, think_s if c == 1 else 0.0)
                 hops = [h for h in map(pipe.hops, runs) if h is not None]
                 out[f"c{c}"]["hops_ms_p50"] = {k: round(common.pct([h[k] for h in hops], 50), 1) for k in HOPS}
                 out[f"c{c}"]["stop_reasons"] = sorted({str(r.extra.get("stop_reason")) for r in runs})
@@ -242,13 +246,14 @@ async def main(ns: argparse.Namespace) -> None:
                   engine="eager" if pool.enforce_eager else "compiled", model=pool.served_model_name,
                   concurrency=",".join(map(str, ns.levels)),
                   samples=",".join(f"c{c}={requests_at(c, ns.quick)}" for c in ns.levels),
-                  max_tokens=ns.max_tokens, max_num_seqs=pool.max_num_seqs, sampling="t=0.7 top_p=0.95")
-    before = await engine_side(pool, prompts, ns.max_tokens, ns.levels, ns.quick)
+                  max_tokens=ns.max_tokens, max_num_seqs=pool.max_num_seqs, sampling="t=0.7 top_p=0.95",
+                  think_s_at_c1=ns.think_s)
+    before = await engine_side(pool, prompts, ns.max_tokens, ns.levels, ns.quick, ns.think_s)
     try:
-        pipe = await pipeline_side(settings, ns.levels, ns.quick, env, ns.with_small, ns.profile)
+        pipe = await pipeline_side(settings, ns.levels, ns.quick, env, ns.with_small, ns.profile, ns.think_s)
     finally:
         await common.delete_topics(settings)
-    after = await engine_side(pool, prompts, ns.max_tokens, ns.levels, ns.quick)
+    after = await engine_side(pool, prompts, ns.max_tokens, ns.levels, ns.quick, ns.think_s)
     verdict = report(before, after, pipe, ns.levels)
     common.write_result("bench_pipeline", {
         "engine": "eager" if pool.enforce_eager else "compiled", "model": pool.served_model_name,
@@ -263,6 +268,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--levels", default="1,8,32", help="concurrent replies, comma-separated")
     parser.add_argument("--with-small", action="store_true",
                         help="also run the small-pool worker (titles); off by default: it competes for the CPU")
+    parser.add_argument("--think-s", type=float, default=0.5,
+                        help="pause after each reply at concurrency 1, both sides (left out of tokens/s)")
     parser.add_argument("--profile", action="store_true",
                         help="afterwards, repeat the lowest and highest level under py-spy (not measured)")
     ns = parser.parse_args()

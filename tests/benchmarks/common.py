@@ -218,15 +218,16 @@ def side_figures(runs: list[Timeline], wall: float) -> dict[str, Any]:
             "itl_ms": summary([g for r in runs for g in r.gaps()], 1000)}
 
 
-async def measured_level(concurrency: int, count: int, one: Any,
-                         cpu_pids: list[int]) -> tuple[dict[str, Any], list[Timeline]]:
+async def measured_level(concurrency: int, count: int, one: Any, cpu_pids: list[int],
+                         think_s: float = 0.0) -> tuple[dict[str, Any], list[Timeline]]:
     """One level's figures, with how contended the machine was (``cpu_probe_ms``) and the CPU seconds that
     ``cpu_pids`` and their children spent per 1,000 completion tokens (less sensitive to contention)."""
     from tests.benchmarks.profiling import cpu_probe, tree_cpu
 
     probe, cpu = cpu_probe(), tree_cpu(cpu_pids)
-    runs, wall = await closed_loop(concurrency, count, one)
+    runs, wall = await closed_loop(concurrency, count, one, think_s)
     figures = side_figures(runs, wall)
+    figures["think_s"] = think_s
     spent = tree_cpu(cpu_pids) - cpu
     figures.update(cpu_probe_ms=probe, cpu_s=round(spent, 2),
                    cpu_s_per_1k_tokens=round(1000 * spent / figures["completion_tokens"], 2)
@@ -234,18 +235,24 @@ async def measured_level(concurrency: int, count: int, one: Any,
     return figures, runs
 
 
-async def closed_loop(concurrency: int, count: int, one: Any) -> tuple[list[Timeline], float]:
-    """``count`` requests, ``concurrency`` in flight; ``one(i)`` runs request i and returns its Timeline."""
+async def closed_loop(concurrency: int, count: int, one: Any, think_s: float = 0.0) -> tuple[list[Timeline], float]:
+    """``count`` requests, ``concurrency`` in flight; ``one(i)`` runs request i and returns its Timeline.
+    Each lane pauses ``think_s`` after a reply (a person reading it); the wall time returned leaves the
+    longest lane's pauses out."""
     indices = iter(range(count))
     runs: list[Timeline] = []
+    pauses = [0] * concurrency
 
-    async def lane() -> None:
+    async def lane(k: int) -> None:
         for i in indices:
             runs.append(await one(i))
+            if think_s:
+                await asyncio.sleep(think_s)
+                pauses[k] += 1
 
     start = time.time()
-    await asyncio.gather(*[lane() for _ in range(concurrency)])
-    return runs, time.time() - start
+    await asyncio.gather(*[lane(k) for k in range(concurrency)])
+    return runs, time.time() - start - think_s * max(pauses)
 
 
 # -- direct engine side --------------------------------------------------------------------------------------
