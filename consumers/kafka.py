@@ -6,6 +6,7 @@ moves on.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -15,6 +16,20 @@ from schemas import ALL_EVENTS, Event, EventDeadLettered, EventDecodeError, deco
 from topics import Topics
 
 log = logging.getLogger(__name__)
+
+
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 30.0) -> set[int]:
+    """The partition numbers of ``topic``, asking the broker when this consumer's metadata lacks it
+    (an unassigned consumer knows nothing of a topic until it asks). Raises when the topic never shows."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not (parts := consumer.partitions_for_topic(topic)):
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"topic {topic} has no partitions after {timeout_s:.0f}s; run `parley topics`")
+        consumer._client.add_topic(topic)  # noqa: SLF001 - aiokafka has no public per-topic metadata call
+        await consumer._client.force_metadata_update()  # noqa: SLF001
+        if not consumer.partitions_for_topic(topic):
+            await asyncio.sleep(0.1)
+    return set(parts)
 
 
 def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:

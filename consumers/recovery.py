@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from consumers.kafka import topic_partitions
 from consumers.partitioning import partition_for
 from schemas import EventDecodeError, GenerationFinished, GenerationStarted, TokensAppended, decode
 
@@ -59,7 +60,7 @@ async def read_saved(bootstrap: str, tokens_topic: str, generation_id: str, sinc
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(tokens_topic) or await _partitions(consumer, tokens_topic)
+        partitions = await topic_partitions(consumer, tokens_topic)
         tp = TopicPartition(tokens_topic, partition_for(generation_id, len(partitions)))
         consumer.assign([tp])
         end = (await consumer.end_offsets([tp]))[tp]
@@ -80,6 +81,3 @@ async def read_saved(bootstrap: str, tokens_topic: str, generation_id: str, sinc
         await consumer.stop()
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    await consumer._client.force_metadata_update()  # noqa: SLF001 - no public call fetches one topic's metadata
-    return consumer.partitions_for_topic(topic) or set()

@@ -22,7 +22,7 @@ from aiokafka.errors import KafkaError
 
 from consumers.engine import Sampling
 from consumers.generation import Finish, Generate, Limits, finished_event, plan, status_for
-from consumers.kafka import decode_or_deadletter, make_consumer, make_producer, send
+from consumers.kafka import decode_or_deadletter, make_consumer, make_producer, send, topic_partitions
 from consumers.offsets import OffsetTracker
 from consumers.recovery import Saved, read_saved
 from consumers.worker_metrics import WorkerMetrics
@@ -291,7 +291,7 @@ class GenerationWorker:
         reader = make_consumer(self.settings.kafka_bootstrap, group_id=None)
         await reader.start()
         try:
-            parts = reader.partitions_for_topic(self.topics.control) or await _topic_parts(reader, self.topics.control)
+            parts = await topic_partitions(reader, self.topics.control)
             tps = [TopicPartition(self.topics.control, p) for p in parts]
             reader.assign(tps)
             since = int((time.time() - CANCEL_MEMORY_S) * 1000)
@@ -327,11 +327,6 @@ class GenerationWorker:
             self.metrics.waiting.set(stats.get("waiting", 0))
             self.metrics.kv_usage.set(stats.get("kv_cache_usage", 0.0))
             await asyncio.sleep(1.0)
-
-
-async def _topic_parts(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    await consumer._client.force_metadata_update()  # noqa: SLF001
-    return consumer.partitions_for_topic(topic) or {0}
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float) -> None:

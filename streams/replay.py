@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from aiokafka import TopicPartition
 
-from consumers.kafka import make_consumer
+from consumers.kafka import make_consumer, topic_partitions
 from schemas import Event, EventDecodeError, decode
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ async def replay(bootstrap: str, topic: str, since_s: float, types: tuple[type[E
     consumer = make_consumer(bootstrap, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(await _partitions(consumer, topic))]
+        tps = [TopicPartition(topic, p) for p in sorted(await topic_partitions(consumer, topic))]
         consumer.assign(tps)
         starts = await consumer.offsets_for_times({tp: int(since_s * 1000) for tp in tps})
         ends = await consumer.end_offsets(tps)
@@ -36,15 +36,6 @@ async def replay(bootstrap: str, topic: str, since_s: float, types: tuple[type[E
                 yield event
     finally:
         await consumer.stop()
-
-
-async def _partitions(consumer: object, topic: str) -> set[int]:
-    known = consumer.partitions_for_topic(topic)  # type: ignore[attr-defined]
-    if not known:  # an unassigned consumer has no metadata for the topic yet
-        consumer._client.add_topic(topic)  # type: ignore[attr-defined]
-        await consumer._client.force_metadata_update()  # type: ignore[attr-defined]
-        known = consumer.partitions_for_topic(topic)  # type: ignore[attr-defined]
-    return set(known or ())
 
 
 async def _until(consumer: object, tp: TopicPartition, end: int, types: tuple[type[Event], ...],

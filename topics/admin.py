@@ -24,9 +24,10 @@ async def ensure_topics_async(bootstrap: str, prefix: str = "") -> dict[str, str
         missing = [n for n in wanted if n not in existing]
         actions = {n: "ok" for n in wanted}
         if missing:
-            await admin.create_topics(
+            response = await admin.create_topics(
                 [NewTopic(n, wanted[n].partitions, 1, topic_configs=wanted[n].config) for n in missing]
             )
+            _raise_for_errors(response)
             actions.update({n: "created" for n in missing})
         grow = {n: NewPartitions(wanted[n].partitions) for n, c in existing.items() if c < wanted[n].partitions}
         if grow:
@@ -34,9 +35,37 @@ async def ensure_topics_async(bootstrap: str, prefix: str = "") -> dict[str, str
             actions.update({n: "grown" for n in grow})
         for name in await _misconfigured(admin, {n: wanted[n] for n in existing}):
             actions[name] = "reconfigured" if actions[name] == "ok" else actions[name] + "+reconfigured"
+        if missing or grow:
+            await _await_leaders(admin, {n: wanted[n].partitions for n in wanted})
         return actions
     finally:
         await admin.close()
+
+
+def _raise_for_errors(response: object) -> None:
+    # each entry: (topic, error_code[, error_message]); 36 = TOPIC_ALREADY_EXISTS, a race with another caller
+    failed = [(e[0], e[1], e[2] if len(e) > 2 else "") for e in response.topic_errors  # type: ignore[attr-defined]
+              if e[1] not in (0, 36)]
+    if failed:
+        raise RuntimeError("creating topics failed: " + "; ".join(f"{t}: error {c} {m}" for t, c, m in failed))
+
+
+async def _await_leaders(admin: AIOKafkaAdminClient, wanted: dict[str, int], timeout_s: float = 60.0) -> None:
+    """Return once every partition of every topic in ``wanted`` has a leader in the broker's metadata:
+    a topic the controller accepted can take a moment (longer on a busy, just-started broker) before any
+    client sees it, and a consumer started in that gap would find no partitions."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        described = await admin.describe_topics(sorted(wanted))
+        ready = {d["topic"] for d in described if d["error_code"] == 0
+                 and len(d["partitions"]) >= wanted.get(d["topic"], 1)
+                 and all(p["leader"] >= 0 for p in d["partitions"])}
+        pending = sorted(set(wanted) - ready)
+        if not pending:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"topics have no leader after {timeout_s:.0f}s: {', '.join(pending)}")
+        await asyncio.sleep(0.2)
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from consumers.kafka import make_consumer
+from consumers.kafka import make_consumer, topic_partitions
 from consumers.partitioning import partition_for
 from schemas import EventDecodeError, decode
 
@@ -36,7 +36,7 @@ class TokenRelay:
     async def start(self) -> None:
         self.consumer = make_consumer(self.bootstrap, group_id=None)
         await self.consumer.start()
-        parts = await _partitions(self.consumer, self.topic)
+        parts = await topic_partitions(self.consumer, self.topic)
         self.partitions = len(parts)
         tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
         self.consumer.assign(tps)
@@ -115,11 +115,3 @@ class TokenRelay:
             await reader.stop()
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    for _ in range(50):
-        parts = consumer.partitions_for_topic(topic)
-        if parts:
-            return parts
-        await consumer._client.force_metadata_update()  # noqa: SLF001 - no public per-topic metadata call
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"topic {topic} has no partitions; run `parley topics`")

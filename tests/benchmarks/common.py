@@ -24,7 +24,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from consumers.kafka import make_consumer
+from consumers.kafka import make_consumer, topic_partitions
 from infra.settings import Settings
 from schemas import EventDecodeError, GenerationFinished, decode
 from tests.e2e.service import Proc, Service
@@ -275,9 +275,7 @@ async def assign_at_end(consumer: Any, topics: Sequence[str]) -> None:
     """Every partition of ``topics``, positioned at the end now (nothing appended later is missed)."""
     tps = []
     for topic in topics:
-        while not (parts := consumer.partitions_for_topic(topic)):
-            await consumer._client.force_metadata_update()
-        tps += [TopicPartition(topic, p) for p in sorted(parts)]
+        tps += [TopicPartition(topic, p) for p in sorted(await topic_partitions(consumer, topic))]
     consumer.assign(tps)
     await consumer.seek_to_end(*tps)
     for tp in tps:
