@@ -99,19 +99,22 @@ class Service:
                     proc.kill(signal.SIGKILL)  # never leave a worker behind
 
 
-def launch(base: Settings, log_dir: Path, reader_timeout_s: float = 3.0, plans_file: Path | None = None) -> Service:
+def launch(base: Settings, log_dir: Path, reader_timeout_s: float = 3.0, plans_file: Path | None = None,
+           pools: tuple[str, ...] = ("large", "small"), **env_overrides: str) -> Service:
+    """Workers for ``pools`` (a pool left out has a queue that nothing drains), the stages and two gateways."""
     prefix = f"e2e{uuid.uuid4().hex[:8]}."
     extra = {"PARLEY_PLANS_FILE": str(plans_file)} if plans_file else {}
     env = dict(os.environ, **extra, PARLEY_TOPIC_PREFIX=prefix, PARLEY_KEYSPACE=base.keyspace,
                PARLEY_READER_TIMEOUT_S=str(reader_timeout_s), PARLEY_POOL_LARGE_MAX_SEQS="8",
                PARLEY_POOL_SMALL_MAX_SEQS="4", PARLEY_POOL_LARGE_KV_CACHE_GIB="1",
                PARLEY_POOL_SMALL_KV_CACHE_GIB="1", PYTHONUNBUFFERED="1")
+    env.update(env_overrides)
     log_dir = log_dir / prefix.rstrip(".")  # one folder per launch: parallel runs never read each other's logs
     log_dir.mkdir(parents=True, exist_ok=True)
     service = Service(base.with_(topic_prefix=prefix), env, log_dir)
     ensure_topics(service.settings)
     try:
-        workers = [service.start(f"worker-{p}", "worker", "--pool", p) for p in ("large", "small")]
+        workers = [service.start(f"worker-{p}", "worker", "--pool", p) for p in pools]
         stages = service.start("stages", "stages")
         service.start_gateway("gateway-a")
         service.start_gateway("gateway-b")

@@ -1,0 +1,134 @@
+"""Overload through the running service: a saturated pool overflows to the small one, then refuses, then the
+last-resort tier answers its prepared questions.
+
+The service here has one sequence per pool and no worker for ``large``, so the large pool's queue never drains:
+it is a fleet at full load, with nothing faked. The small pool has a real vLLM worker until the test stops it.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from consumers.canned import CANNED_POOL, CannedReplies
+from infra.settings import Settings
+from tests.e2e.client import Frame, collect, frames, text_of
+from tests.e2e.conftest import ARTIFACTS, Caller, _make_user
+from tests.e2e.service import Service, launch
+from tests.e2e.test_chat import new_conversation, saved_reply
+
+PLANS = Path(__file__).with_name("data") / "plans-overflow.toml"
+FREE_LIMIT_S = 5.0  # plans-overflow.toml; the scheduler assumes 0.1 replies/s per sequence before it has seen any
+
+
+@pytest.fixture(scope="module")
+def saturated(stack_settings: Settings) -> Iterator[Service]:
+    svc = launch(stack_settings, ARTIFACTS / "e2e-logs", reader_timeout_s=600, plans_file=PLANS, pools=("small",),
+                 PARLEY_POOL_LARGE_MAX_SEQS="1", PARLEY_POOL_SMALL_MAX_SEQS="1")
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+async def client(saturated: Service) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=saturated.url("gateway-a"), timeout=httpx.Timeout(120, connect=10)) as c:
+        yield c
+
+
+async def _hold(http: httpx.AsyncClient, who: Caller, content: str, until: str,
+                started: asyncio.Queue[list[Frame]]) -> None:
+    """Send, report the frames up to the first ``until`` event, then keep reading until cancelled:
+    the reply stays wanted, so nothing cancels it as abandoned."""
+    cid = await new_conversation(http, who)
+    async with http.stream("POST", f"/v1/conversations/{cid}/messages", headers=who.headers,
+                           json={"content": content}) as r:
+        assert r.status_code == 200, await r.aread()
+        got: list[Frame] = []
+        async for f in frames(r):
+            got.append(f)
+            if f.event == until:
+                break
+        await started.put(got)
+        async for _ in frames(r):
+            pass
+
+
+async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Service,
+                                                                  client: httpx.AsyncClient) -> None:
+    users = {name: await _make_user(saturated.settings, plan) for name, plan in
+             [("first", "free"), ("payer", "paid"), ("overflow", "free"), ("late0", "free"), ("late1", "free"),
+              ("late2", "free"), ("asker", "free")]}
+    held: list[asyncio.Task[None]] = []
+    started: asyncio.Queue[list[Frame]] = asyncio.Queue()
+    try:
+        # 1. The large pool's one sequence is taken, and nothing will ever free it.
+        held.append(asyncio.create_task(
+            _hold(client, users["first"], "Describe a quiet harbour.", "message_start", started)))
+        first = await asyncio.wait_for(started.get(), 60)
+        assert first[0].event == "message_start" and first[0].data["pool"] == "large"
+
+        # 2. Paid still queues on its own pool (10 s estimated, under its 30 s limit) and is told so.
+        held.append(asyncio.create_task(_hold(client, users["payer"], "Describe a busy harbour.", "queued", started)))
+        paid = await asyncio.wait_for(started.get(), 60)
+        assert paid[0].data["pool"] == "large"
+        queued = next(f for f in paid if f.event == "queued")
+        assert queued.data["position"] >= 1 and queued.data["estimated_wait_s"] > FREE_LIMIT_S
+
+        # 3. Free would wait past its 5 s limit on large: it overflows to small, which answers.
+        cid = await new_conversation(client, users["overflow"])
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", headers=users["overflow"].headers,
+                                 json={"content": "Name two kinds of boat."}) as r:
+            assert r.status_code == 200, await r.aread()
+            answered = await collect(r)
+        start = answered[0]
+        assert start.event == "message_start" and start.data["pool"] == "small", start
+        assert answered[-1].event == "message_end" and answered[-1].data["stop_reason"] in ("end", "length")
+        reply = await saved_reply(client, users["overflow"], cid, start.data["generation_id"])
+        assert reply["pool"] == "small" and reply["route_reason"] == "overflow"
+        assert reply["model"] == start.data["model"] and reply["content"] == text_of(answered)
+
+        # 4. The small pool's replica goes away: the next overflow waits there, and the one after that finds
+        #    both pools past the free limit and is refused at once, with a time to come back.
+        saturated.procs["worker-small"].kill(signal.SIGKILL)
+        refused = None
+        for attempt in range(3):  # the scheduler may not have seen step 3's reply finish yet
+            who = users[f"late{attempt}"]
+            cid = await new_conversation(client, who)
+            t0 = asyncio.get_running_loop().time()
+            async with client.stream("POST", f"/v1/conversations/{cid}/messages", headers=who.headers,
+                                     json={"content": "Name a lighthouse."}) as r:
+                if r.status_code == 503:
+                    await r.aread()
+                    refused, elapsed = r, asyncio.get_running_loop().time() - t0
+                    break
+                # accepted: it can only have gone to the small pool's queue, where it now waits
+                assert r.status_code == 200, await r.aread()
+                start = (await collect(r, stop_after=1))[0]
+                assert start.event == "message_start" and start.data["pool"] == "small", start
+        assert refused is not None, "never refused although both pools were past the free limit"
+        assert elapsed < 10, f"a refusal must come at once, not after {elapsed:.1f} s"
+        assert int(refused.headers["retry-after"]) >= 1
+        body = refused.json()
+        assert "busy" in body["error"]["message"] and "limit" in body["error"]["message"], body
+
+        # 5. A prepared question is still answered, marked as prepared, by no model.
+        canned = CannedReplies.load()
+        cid = await new_conversation(client, users["asker"])
+        async with client.stream("POST", f"/v1/conversations/{cid}/messages", headers=users["asker"].headers,
+                                 json={"content": "What can you do?"}) as r:
+            assert r.status_code == 200, await r.aread()
+            got = await collect(r)
+        assert got[0].data["pool"] == CANNED_POOL
+        assert got[-1].event == "message_end"
+        saved = await saved_reply(client, users["asker"], cid, got[0].data["generation_id"])
+        assert saved["content"] == canned.reply_for("What can you do?") and saved["pool"] == CANNED_POOL
+    finally:
+        for task in held:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
