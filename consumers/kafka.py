@@ -66,6 +66,14 @@ async def send(producer: AIOKafkaProducer, topic: str, event: Event, key: str, p
     return await producer.send_and_wait(topic, encode(event), key=key.encode(), partition=partition)
 
 
+async def enqueue(producer: AIOKafkaProducer, topic: str, event: Event, key: str,
+                  partition: int | None = None) -> asyncio.Future[Any]:
+    """Hand the record to the producer and return the future of its ack without waiting for it: records
+    enqueued one after another reach a partition in that order (idempotent producer), so a caller can
+    produce several and wait once."""
+    return await producer.send(topic, encode(event), key=key.encode(), partition=partition)
+
+
 async def decode_or_deadletter(record: ConsumerRecord, producer: AIOKafkaProducer, topics: Topics, group: str,
                                types: tuple[type[Event], ...] = ALL_EVENTS) -> Event | None:
     """The event in ``record``, or None after the record has been dead-lettered."""

@@ -9,8 +9,10 @@ asks the small pool for a summary when older turns fall out.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,17 +36,74 @@ class PromptBuilder:
         self.quota = quota
 
     async def handle(self, req: RequestAdmitted) -> list[Out]:
+        began = time.perf_counter()
         # Independent reads together: the stage's latency is its round trips to Cassandra.
         history, summary = await asyncio.gather(
             self.conversations.all_messages(req.conversation_id),
             self.records.latest_summary(req.conversation_id) if req.history is None else _none())
-        placed = await self._place(req, history)
-        if placed is None:
-            log.info("generation %s: client_message_id already answered by another generation", req.generation_id)
-            return []
-        turn, user_message, user_text = placed
-        user_message_id = user_message.message_id
+        read_at = time.perf_counter()
+        turn, user_message = self._place(req, history)
+        if user_message is None:
+            return []  # regenerating a message that is not there
+        built = self._build(req, history, summary, turn, user_message.content)
+        if isinstance(built, Out):
+            return [built]
+        ids, fitted, turns = built
+        # The user message is saved before generation begins (before PromptBuilt is produced). The durable
+        # client_message_id claim runs beside those writes: it only loses to a retry the gateway's own
+        # claim (Redis) missed, and then the rows written here are taken back.
+        claim = None if req.regenerate else asyncio.ensure_future(self.conversations.claim_client_message(
+            req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn))
+        await asyncio.gather(*self._writes(req, turn, user_message, history, len(ids)))
+        if claim is not None:
+            won = await claim
+            if won.generation_id != req.generation_id:
+                await self._take_back(req, turn, user_message)
+                log.info("generation %s: client_message_id already answered by generation %s", req.generation_id,
+                         won.generation_id)
+                return []
+            if won.turn != turn:  # a redelivery after a later message moved the next turn: keep the first one
+                await self._take_back(req, turn, user_message)
+                turn, user_message = won.turn, dataclasses.replace(user_message, turn=won.turn)
+                built = self._build(req, history, summary, turn, user_message.content)
+                if isinstance(built, Out):
+                    return [built]
+                ids, fitted, turns = built
+                await asyncio.gather(*self._writes(req, turn, user_message, history, len(ids)))
+        context = self.max_model_len(req.pool)
+        outs = [Out(self.topics.prompts, PromptBuilt(
+            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
+            plan=req.plan, pool=req.pool, user_message_id=user_message.message_id,
+            assistant_message_id=req.generation_id, turn=turn, prompt_token_ids=ids,
+            max_tokens=min(req.reply_cap, context - len(ids) - 1), reserved_tokens=req.reserved_tokens,
+            turns_kept=fitted.turns_kept, summary_used=fitted.summary_used, route_reason=req.route_reason,
+            temperature=req.temperature, question=user_message.content[:500]), req.conversation_id)]
+        if req.history is None and fitted.dropped_upto_turn is not None and (
+                summary is None or summary.upto_turn < fitted.dropped_upto_turn):
+            outs.append(self._summary_request(req, turns, fitted.dropped_upto_turn,
+                                              self.tokenizer_for_pool(req.pool), context))
+        done = time.perf_counter()
+        log.info("generation %s prompt built: turn %d, %d tokens, %d turns kept, summary %s", req.generation_id,
+                 turn, len(ids), fitted.turns_kept, fitted.summary_used)
+        log.debug("generation %s prompt stage: reads %.1f ms, build+writes+claim %.1f ms", req.generation_id,
+                  (read_at - began) * 1000, (done - read_at) * 1000)
+        return outs
+
+    def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message | None]:
+        """The turn to answer and its user message (None when regenerating a message that is not there)."""
+        if req.regenerate:
+            parent = next((m for m in history if m.message_id == req.parent_id and m.role == "user"), None)
+            return (parent.turn, parent) if parent is not None else (-1, None)
+        turn = max((m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
+        return turn, Message(req.conversation_id, turn, req.message_id, "user", req.content, status="complete",
+                             generation_id=req.generation_id, client_message_id=req.client_message_id,
+                             created_at=datetime.now(UTC))
+
+    def _build(self, req: RequestAdmitted, history: list[Message], summary: Any, turn: int,
+               user_text: str) -> tuple[list[int], Any, list[Turn]] | Out:
+        """The prompt's token ids (or the refusal when it cannot fit the model)."""
         tok = self.tokenizer_for_pool(req.pool)
+        turns: list[Turn] = []
         if req.history is not None:  # the client sent the whole history (OpenAI-compatible API)
             fitted = fit_history([(t.role, t.content) for t in req.history], tok.count, self.budget)
         else:
@@ -53,45 +112,23 @@ class PromptBuilder:
         ids = tok.chat_ids(fitted.messages)
         context = self.max_model_len(req.pool)
         if len(ids) + 1 > context:
-            return [self._refuse(req, f"Your message is {len(ids)} tokens with the instructions; the model "
-                                      f"reads at most {context}. Shorten it and send again.")]
-        # The user message is saved before generation begins (before PromptBuilt is produced).
-        writes = [self._save_placeholder(req, turn, user_message_id, history)]
+            return self._refuse(req, f"Your message is {len(ids)} tokens with the instructions; the model "
+                                     f"reads at most {context}. Shorten it and send again.")
+        return ids, fitted, turns
+
+    def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
+                prompt_tokens: int) -> list[Awaitable[Any]]:
+        writes: list[Awaitable[Any]] = [self._save_placeholder(req, turn, user_message.message_id, history)]
         if not req.regenerate:
             writes.append(self.conversations.save_message(user_message))
         if self.quota is not None:
-            writes.append(self.quota.true_up(req.generation_id, len(ids)))  # estimate -> real prompt size
-        await asyncio.gather(*writes)
-        outs = [Out(self.topics.prompts, PromptBuilt(
-            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
-            plan=req.plan, pool=req.pool, user_message_id=user_message_id, assistant_message_id=req.generation_id,
-            turn=turn, prompt_token_ids=ids, max_tokens=min(req.reply_cap, context - len(ids) - 1),
-            reserved_tokens=req.reserved_tokens, turns_kept=fitted.turns_kept, summary_used=fitted.summary_used,
-            route_reason=req.route_reason, temperature=req.temperature, question=user_text[:500]),
-            req.conversation_id)]
-        if req.history is None and fitted.dropped_upto_turn is not None and (
-                summary is None or summary.upto_turn < fitted.dropped_upto_turn):
-            outs.append(self._summary_request(req, turns, fitted.dropped_upto_turn, tok, context))
-        log.info("generation %s prompt built: turn %d, %d tokens, %d turns kept, summary %s", req.generation_id,
-                 turn, len(ids), fitted.turns_kept, fitted.summary_used)
-        return outs
+            writes.append(self.quota.true_up(req.generation_id, prompt_tokens))  # estimate -> real prompt size
+        return writes
 
-    async def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message, str] | None:
-        """(turn, the user message, its text) to answer; None if a retry lost its client_message_id claim."""
-        if req.regenerate:
-            parent = next((m for m in history if m.message_id == req.parent_id and m.role == "user"), None)
-            if parent is None:
-                return None
-            return parent.turn, parent, parent.content
-        turn = max((m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
-        claim = await self.conversations.claim_client_message(
-            req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn)
-        if not claim.created and claim.generation_id != req.generation_id:
-            return None
-        message = Message(req.conversation_id, claim.turn, req.message_id, "user", req.content, status="complete",
-                          generation_id=req.generation_id, client_message_id=req.client_message_id,
-                          created_at=datetime.now(UTC))
-        return claim.turn, message, req.content
+    async def _take_back(self, req: RequestAdmitted, turn: int, user_message: Message) -> None:
+        """Remove the rows this record wrote at ``turn``: another generation owns the message."""
+        await asyncio.gather(self.conversations.delete_message(req.conversation_id, turn, req.generation_id),
+                             self.conversations.delete_message(req.conversation_id, turn, user_message.message_id))
 
     async def _save_placeholder(self, req: RequestAdmitted, turn: int, user_message_id: str,
                                 history: list[Message]) -> None:

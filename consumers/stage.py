@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import TopicPartition
 
-from consumers.kafka import decode_or_deadletter, make_consumer, make_producer, send
+from consumers.kafka import decode_or_deadletter, enqueue, make_consumer, make_producer
 from infra.settings import Settings
 from schemas import Event
 from topics import Topics
@@ -62,11 +63,18 @@ class Stage:
         self._stopping.set()
 
     async def _partition(self, tp: TopicPartition, records: list[Any]) -> None:
+        acks: list[asyncio.Future[Any]] = []
         for record in records:
             event = await decode_or_deadletter(record, self.producer, self.topics, self.group, self.types)
             if event is not None:
+                began = time.time()
+                # Outputs go out together and in order; the next record is handled while they are in flight.
                 for out in await self.handler(event):
-                    await send(self.producer, out.topic, out.event, out.key, out.partition)
+                    acks.append(await enqueue(self.producer, out.topic, out.event, out.key, out.partition))
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("stage %s offset %d: fetched %.1f ms after produce, handled in %.1f ms", self.name,
+                              record.offset, (began - record.timestamp / 1000) * 1000, (time.time() - began) * 1000)
+        await asyncio.gather(*acks)
         # One commit per partition batch, after every output is acknowledged: a crash re-handles at most
         # this batch (handlers are idempotent), and a single message pays one commit, not one per hop.
         await self.consumer.commit({tp: records[-1].offset + 1})

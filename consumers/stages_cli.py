@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 
+from infra import logconfig
 from infra.settings import Settings
 
 STAGES = ("admission", "prompt", "scheduler", "persistence", "settlement", "reaper", "usage-rollup", "abandoned")
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logconfig.configure()
     asyncio.run(_main(Settings.from_env(), tuple(args.only or STAGES)))
     return 0
 

@@ -22,7 +22,7 @@ from aiokafka.errors import KafkaError
 
 from consumers.engine import Sampling
 from consumers.generation import Finish, Generate, Limits, finished_event, plan, status_for
-from consumers.kafka import decode_or_deadletter, make_consumer, make_producer, send, topic_partitions
+from consumers.kafka import decode_or_deadletter, enqueue, make_consumer, make_producer, send, topic_partitions
 from consumers.offsets import OffsetTracker
 from consumers.recovery import Saved, read_saved
 from consumers.worker_metrics import WorkerMetrics
@@ -138,21 +138,26 @@ class GenerationWorker:
         assignment = self.consumer.assignment()
         paid = [tp for tp in assignment if tp.topic == self.paid]
         free = [tp for tp in assignment if tp.topic == self.free]
-        got: dict[TopicPartition, list[Any]] = {}
         if paid:
             got = await self.consumer.getmany(*paid, timeout_ms=0, max_records=slots)
             if not got and await self._paid_waiting(paid):
                 # Paid records may exist but are not fetched yet: hold the free lane until the paid
                 # lane is known to be empty, however slow the fetch (a busy machine, a fresh start).
                 self.consumer.pause(*free)
-                got = await self.consumer.getmany(*paid, timeout_ms=50, max_records=slots)
-                return [(tp, r) for tp, records in sorted(got.items(), key=lambda i: i[0].partition) for r in records]
-        if not got and free:
-            self.consumer.resume(*free)
-            got = await self.consumer.getmany(*free, timeout_ms=20, max_records=slots)
-        elif not got:
-            await asyncio.sleep(0.02)
-        return [(tp, r) for tp, records in sorted(got.items(), key=lambda i: i[0].partition) for r in records]
+                return self._paid_first(await self.consumer.getmany(*paid, timeout_ms=50, max_records=slots))
+            if got:
+                return self._paid_first(got)
+        if not paid and not free:
+            await asyncio.sleep(0.05)  # no partitions yet: the group is still assigning them
+            return []
+        # The paid lane is drained: wait on both lanes at once, so whichever record comes first is picked
+        # up the moment its fetch answers (a paid record arriving now is not held behind a free-lane wait).
+        self.consumer.resume(*free)
+        return self._paid_first(await self.consumer.getmany(*paid, *free, timeout_ms=200, max_records=slots))
+
+    def _paid_first(self, got: dict[TopicPartition, list[Any]]) -> list[tuple[TopicPartition, Any]]:
+        order = sorted(got.items(), key=lambda i: (i[0].topic != self.paid, i[0].partition))
+        return [(tp, r) for tp, records in order for r in records]
 
     async def _paid_waiting(self, paid: list[TopicPartition]) -> bool:
         for tp in paid:
@@ -226,7 +231,7 @@ class GenerationWorker:
                     self.metrics.prompt_seen(prompt_tokens, cached)
                 if not announced:
                     announced, first_token_at = True, now
-                    await self._started(req, first_token_at, cached, gen.resumed)
+                    pending.append(await self._started(req, first_token_at, cached, gen.resumed))
                 if out.token_ids or out.text:
                     pending.append(await self.producer.send(self.topics.tokens, encode(TokensAppended(
                         generation_id=req.generation_id, conversation_id=req.conversation_id,
@@ -255,9 +260,12 @@ class GenerationWorker:
         await self._finish(finished_event(req, self.limits, self.worker_id, status, "".join(text), usage,
                                           seq - 1, reason, picked_at, first_token_at))
 
-    async def _started(self, req: GenerationRequested, first_token_at: float, cached: int, resumed: bool) -> None:
+    async def _started(self, req: GenerationRequested, first_token_at: float, cached: int,
+                       resumed: bool) -> asyncio.Future[Any]:
+        """Mark the generation started (recovery reads saved tokens only after this marker) and hand its
+        ``GenerationStarted`` to the producer; the first token goes out behind it without waiting for its ack."""
         await self.redis.set(keys.generation_started(req.generation_id), int(first_token_at * 1000), ex=900)
-        await send(self.producer, self.topics.tokens, GenerationStarted(
+        return await enqueue(self.producer, self.topics.tokens, GenerationStarted(
             generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
             message_id=req.message_id, model=self.limits.model, pool=self.limits.pool, worker_id=self.worker_id,
             first_token_at=first_token_at, prompt_tokens=len(req.prompt_token_ids), cached_prompt_tokens=cached,

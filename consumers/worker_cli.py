@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 
 from consumers.generation import Limits
 from consumers.worker import GenerationWorker
+from infra import logconfig
 from infra.settings import Settings
 
 
@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logconfig.configure()
     from infra.pools import load_pool
 
     settings = Settings.from_env()

@@ -133,6 +133,10 @@ class Conversations:
             f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES ({placeholders})",
             tuple(getattr(message, c) for c in MESSAGE_COLUMNS))
 
+    async def delete_message(self, conversation_id: str, turn: int, message_id: str) -> None:
+        await self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND turn = ? AND message_id = ?",
+                              (conversation_id, turn, message_id))
+
     async def messages(self, conversation_id: str, cursor: str | None = None,
                        limit: int = 100) -> tuple[list[Message], str | None]:
         """Oldest first, every sibling included."""

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 
 import uvicorn
 
+from infra import logconfig
 from infra.settings import Settings
 
 
@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logconfig.configure()
     settings = Settings.from_env()
     uvicorn.run(build(settings), host=args.host, port=args.port or settings.ports.gateway, log_level="warning",
                 access_log=False)

@@ -70,9 +70,6 @@ class Gateway:
             self._auth_cache[token] = (time.monotonic() + 60, user)
         return user
 
-    async def set_owner(self, generation_id: str, user_id: str, conversation_id: str) -> None:
-        await self.redis.set(keys.generation_owner(generation_id), f"{user_id} {conversation_id}", ex=OWNER_TTL_S)
-
     async def owner(self, generation_id: str) -> tuple[str, str] | None:
         raw = await self.redis.get(keys.generation_owner(generation_id))
         if raw is None:
@@ -80,6 +77,14 @@ class Gateway:
             return (row.user_id, row.conversation_id) if row is not None else None  # type: ignore[attr-defined]
         user_id, conversation_id = raw.decode().split(" ", 1)
         return user_id, conversation_id
+
+    async def claim(self, generation_id: str, user_id: str, conversation_id: str) -> None:
+        """Owner and first reader heartbeat of a new generation, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(keys.generation_owner(generation_id), f"{user_id} {conversation_id}", ex=OWNER_TTL_S)
+            pipe.set(keys.reader_heartbeat(generation_id), self.gateway_id,
+                     ex=max(1, int(self.settings.reader_timeout_s)))
+            await pipe.execute()
 
     async def reader_beat(self, generation_id: str) -> None:
         await self.redis.set(keys.reader_heartbeat(generation_id), self.gateway_id,

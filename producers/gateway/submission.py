@@ -42,8 +42,7 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
     generation_id = request.generation_id
     queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
     try:
-        await gw.set_owner(generation_id, user.user_id, request.conversation_id)
-        await gw.reader_beat(generation_id)
+        await gw.claim(generation_id, user.user_id, request.conversation_id)
         await send(gw.producer, gw.topics.requests, request, key=user.user_id)
         first = await decision(gw, queue)
     except BaseException:
