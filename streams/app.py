@@ -6,12 +6,18 @@ so stages scale and fail independently even when one process hosts them all.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
 
 import faust
 
 from infra.settings import Settings
+from schemas import EventDeadLettered, encode
 from streams.codec import CODEC_NAME, register
 from topics import Topics
+
+log = logging.getLogger(__name__)
 
 
 def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
@@ -34,8 +40,42 @@ def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
 
 
 def topic(app: faust.App, topics: Topics, name: str) -> faust.TopicT:
-    """A faust topic for a catalogue name (attribute of ``Topics``), decoded with the event codec."""
-    return app.topic(getattr(topics, name), value_serializer=CODEC_NAME, key_serializer="raw", internal=False)
+    """A faust topic for a catalogue name (attribute of ``Topics``), decoded with the event codec; a record
+    that does not decode goes whole to the dead-letter topic and the agent moves on."""
+    return DeadLetteringTopic(app, topics=[getattr(topics, name)], value_serializer=CODEC_NAME,
+                              key_serializer="raw", internal=False, deadletter_topic=topics.deadletter)
+
+
+class DeadLetteringTopic(faust.Topic):
+    """faust acknowledges an undecodable record and hands the error to its agent, which would stop on it;
+    here the record is wrapped in ``EventDeadLettered`` on the dead-letter topic instead, as every aiokafka
+    stage does (``consumers.kafka.deadletter``)."""
+
+    def __init__(self, *args: Any, deadletter_topic: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadletter_topic = deadletter_topic
+
+    def derive_topic(self, **kwargs: Any) -> faust.TopicT:  # faust copies topics (agents, prefixes): keep ours
+        derived = super().derive_topic(**kwargs)
+        derived.deadletter_topic = self.deadletter_topic  # type: ignore[attr-defined]
+        return derived
+
+    def _clone_args(self) -> Mapping[str, Any]:
+        return {**super()._clone_args(), "deadletter_topic": self.deadletter_topic}
+
+    async def on_value_decode_error(self, exc: Exception, message: Any) -> None:
+        if self.deadletter_topic is None:
+            await super().on_value_decode_error(exc, message)
+            return
+        raw = message.value.decode("utf-8", "replace") if message.value is not None else ""
+        key = message.key.decode("utf-8", "replace") if message.key is not None else None
+        error = str(getattr(exc, "__cause__", None) or exc)
+        event = EventDeadLettered(source_topic=message.topic, partition=message.partition, offset=message.offset,
+                                  key=key, raw=raw, error=error, consumer_group=self.app.conf.id)
+        await self.app.producer.send_and_wait(self.deadletter_topic, message.topic.encode(), encode(event),
+                                              None, None, None)
+        log.warning("dead-lettered %s[%d]@%d for group %s: %s", message.topic, message.partition, message.offset,
+                    self.app.conf.id, error)
 
 
 class FaustStage:

@@ -5,7 +5,7 @@ import asyncio
 
 from consumers.kafka import make_consumer, make_producer, send
 from infra.settings import Settings
-from schemas import GenerationFinished, RequestAdmitted, Usage, decode, new_id
+from schemas import EventDeadLettered, GenerationFinished, RequestAdmitted, Usage, decode, new_id
 from streams.app import make_app, topic
 from topics import Topics
 
@@ -43,4 +43,41 @@ async def test_faust_agent_reads_and_writes_typed_events(settings: Settings) -> 
     finally:
         await app.stop()
         await reader.stop()
+        await producer.stop()
+
+
+async def test_faust_agent_dead_letters_an_undecodable_record_and_goes_on(settings: Settings) -> None:
+    topics = Topics(settings.topic_prefix)
+    app = make_app("faust-deadletter", settings)
+    seen: list[GenerationFinished] = []
+
+    @app.agent(topic(app, topics, "replies"))
+    async def collect(stream):  # type: ignore[no-untyped-def]
+        async for event in stream:
+            seen.append(event)
+
+    producer = make_producer(settings.kafka_bootstrap)
+    dead = make_consumer(settings.kafka_bootstrap, topics.deadletter, group_id=None)
+    await producer.start()
+    await dead.start()
+    await app.start()
+    try:
+        await producer.send_and_wait(topics.replies, b'{"type": "GenerationFinished", "v": 1, "oops"', key=b"c")
+        good = GenerationFinished(generation_id=new_id(), conversation_id="c", user_id="u", plan="free",
+                                  message_id="m", status="complete", text="hi", usage=Usage(prompt_tokens=3),
+                                  model="SmolLM2", pool="small", worker_id="w")
+        await send(producer, topics.replies, good, key="c")
+        record = await asyncio.wait_for(dead.getone(), 60)
+        lettered = decode(record.value)
+        assert isinstance(lettered, EventDeadLettered)
+        assert lettered.source_topic == topics.replies and lettered.raw.startswith('{"type": "GenerationFinished"')
+        assert lettered.consumer_group == app.conf.id and lettered.error
+        for _ in range(300):  # the agent is still alive: the good record behind the bad one arrives
+            if seen:
+                break
+            await asyncio.sleep(0.1)
+        assert seen == [good]
+    finally:
+        await app.stop()
+        await dead.stop()
         await producer.stop()
