@@ -141,4 +141,5 @@ def build_stage(settings: Settings, redis: Any, plans: Mapping[str, Plan], *, qu
     quota = quota or Quota.configured(redis, plans, scope=settings.topic_prefix)
     admission = Admission(quota, plans, rules or AdmissionRules.from_settings(settings),
                           Topics(settings.topic_prefix))
-    return Stage("admission", settings, "requests", (MessageSubmitted,), admission.handle)
+    # Keyed by user: one user's requests stay in order (their reservations), other users' go concurrently.
+    return Stage("admission", settings, "requests", (MessageSubmitted,), admission.handle, per_key=True)

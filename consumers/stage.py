@@ -37,8 +37,11 @@ Handler = Callable[[Any], Awaitable[list[Out]]]
 
 class Stage:
     def __init__(self, name: str, settings: Settings, topic_attr: str, types: tuple[type[Event], ...],
-                 handler: Handler, **consumer_options: Any) -> None:
+                 handler: Handler, *, per_key: bool = False, **consumer_options: Any) -> None:
+        """``per_key``: records of one partition with different keys are handled concurrently (in order per
+        key), for a handler whose order only matters per key and whose time is mostly waiting on I/O."""
         self.name, self.settings, self.types, self.handler = name, settings, types, handler
+        self.per_key = per_key
         self.topics = Topics(settings.topic_prefix)
         self.group = f"{settings.topic_prefix}{name}"
         self.producer = make_producer(settings.kafka_bootstrap)
@@ -63,6 +66,20 @@ class Stage:
         self._stopping.set()
 
     async def _partition(self, tp: TopicPartition, records: list[Any]) -> None:
+        if self.per_key and len(records) > 1:
+            by_key: dict[bytes | None, list[Any]] = {}
+            for record in records:
+                by_key.setdefault(record.key, []).append(record)
+            acks = [a for group in await asyncio.gather(*(self._handle(g) for g in by_key.values())) for a in group]
+        else:
+            acks = await self._handle(records)
+        await asyncio.gather(*acks)
+        # One commit per partition batch, after every output is acknowledged: a crash re-handles at most
+        # this batch (handlers are idempotent), and a single message pays one commit, not one per hop.
+        await self.consumer.commit({tp: records[-1].offset + 1})
+
+    async def _handle(self, records: list[Any]) -> list[asyncio.Future[Any]]:
+        """Handle ``records`` in order; the acks of their outputs, still in flight."""
         acks: list[asyncio.Future[Any]] = []
         for record in records:
             event = await decode_or_deadletter(record, self.producer, self.topics, self.group, self.types)
@@ -74,10 +91,7 @@ class Stage:
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("stage %s offset %d: fetched %.1f ms after produce, handled in %.1f ms", self.name,
                               record.offset, (began - record.timestamp / 1000) * 1000, (time.time() - began) * 1000)
-        await asyncio.gather(*acks)
-        # One commit per partition batch, after every output is acknowledged: a crash re-handles at most
-        # this batch (handlers are idempotent), and a single message pays one commit, not one per hop.
-        await self.consumer.commit({tp: records[-1].offset + 1})
+        return acks
 
 
 async def run_stages(*stages: Any) -> None:

@@ -61,7 +61,8 @@ def _prompt(settings: Settings, db: AsyncSession, topics: Topics, tokenizer: Any
 
     builder = PromptBuilder(Conversations(db), Records(db), topics, tokenizer, settings.prompt_budget_tokens,
                             lambda pool: pools[pool].max_model_len, quota=_quota(redis, plans))
-    return Stage("prompt", settings, "admitted", (RequestAdmitted,), builder.handle)
+    # Keyed by conversation: turns of one conversation are placed in order; other conversations concurrently.
+    return Stage("prompt", settings, "admitted", (RequestAdmitted,), builder.handle, per_key=True)
 
 
 def _scheduler(settings: Settings, plans: Any, pools: Any) -> Any:
