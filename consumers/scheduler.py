@@ -80,7 +80,7 @@ class Scheduler:
                 priority=0 if decision.lane == "paid" else 10, message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
                 route_reason=decision.reason if decision.reason == "overflow" else p.route_reason,
-                enqueued_at=time.time(), **({} if p.temperature is None else {"temperature": p.temperature})),
+                enqueued_at=time.time(), **_temperature(p)),
                 p.conversation_id, partition),
         ]
 
@@ -155,3 +155,8 @@ class SchedulerStage:
                 self.scheduler.finished(event.generation_id)  # type: ignore[attr-defined]
         finally:
             await consumer.stop()
+
+
+def _temperature(p: PromptBuilt) -> dict[str, Any]:
+    """The request's own temperature, or nothing (the event's default) when it named none."""
+    return {} if p.temperature is None else {"temperature": p.temperature}

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
     register()
-    options: dict[str, object] = dict(
+    options: dict[str, Any] = dict(
         broker=f"kafka://{settings.kafka_bootstrap}",
         store="memory://",
         datadir=str(settings.state_dir / "faust" / f"{settings.topic_prefix}{stage}"),  # never in the repo
