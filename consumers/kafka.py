@@ -86,10 +86,19 @@ async def decode_or_deadletter(record: ConsumerRecord, producer: AIOKafkaProduce
 
 async def deadletter(record: ConsumerRecord, producer: AIOKafkaProducer, topics: Topics, group: str,
                      error: str) -> None:
+    event = deadletter_event(record, group, error)
+    await send(producer, topics.deadletter, event, key=record.topic)
+    log_deadlettered(event)
+
+
+def deadletter_event(record: Any, group: str, error: str) -> EventDeadLettered:
+    """The whole record, wrapped; ``record`` is an aiokafka ``ConsumerRecord`` or a faust message (same fields)."""
     raw = record.value.decode("utf-8", "replace") if record.value is not None else ""
     key = record.key.decode("utf-8", "replace") if record.key is not None else None
-    event = EventDeadLettered(source_topic=record.topic, partition=record.partition, offset=record.offset,
-                              key=key, raw=raw, error=error, consumer_group=group)
-    await send(producer, topics.deadletter, event, key=record.topic)
-    log.warning("dead-lettered %s[%d]@%d for group %s: %s", record.topic, record.partition, record.offset,
-                group, error)
+    return EventDeadLettered(source_topic=record.topic, partition=record.partition, offset=record.offset,
+                             key=key, raw=raw, error=error, consumer_group=group)
+
+
+def log_deadlettered(event: EventDeadLettered) -> None:
+    log.warning("dead-lettered %s[%d]@%d for group %s: %s", event.source_topic, event.partition, event.offset,
+                event.consumer_group, event.error)

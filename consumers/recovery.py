@@ -79,5 +79,3 @@ async def read_saved(bootstrap: str, tokens_topic: str, generation_id: str, sinc
         return collect(events, generation_id)
     finally:
         await consumer.stop()
-
-

@@ -6,18 +6,16 @@ so stages scale and fail independently even when one process hosts them all.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 import faust
 
+from consumers.kafka import deadletter_event, log_deadlettered
 from infra.settings import Settings
-from schemas import EventDeadLettered, encode
+from schemas import encode
 from streams.codec import CODEC_NAME, register
 from topics import Topics
-
-log = logging.getLogger(__name__)
 
 
 def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
@@ -67,15 +65,10 @@ class DeadLetteringTopic(faust.Topic):
         if self.deadletter_topic is None:
             await super().on_value_decode_error(exc, message)
             return
-        raw = message.value.decode("utf-8", "replace") if message.value is not None else ""
-        key = message.key.decode("utf-8", "replace") if message.key is not None else None
-        error = str(getattr(exc, "__cause__", None) or exc)
-        event = EventDeadLettered(source_topic=message.topic, partition=message.partition, offset=message.offset,
-                                  key=key, raw=raw, error=error, consumer_group=self.app.conf.id)
+        event = deadletter_event(message, self.app.conf.id, str(getattr(exc, "__cause__", None) or exc))
         await self.app.producer.send_and_wait(self.deadletter_topic, message.topic.encode(), encode(event),
                                               None, None, None)
-        log.warning("dead-lettered %s[%d]@%d for group %s: %s", message.topic, message.partition, message.offset,
-                    self.app.conf.id, error)
+        log_deadlettered(event)
 
 
 class FaustStage:

@@ -119,5 +119,3 @@ class TokenRelay:
                             continue
         finally:
             await reader.stop()
-
-

@@ -82,10 +82,12 @@ class Gateway:
         """Owner and first reader heartbeat of a new generation, in one round trip."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.generation_owner(generation_id), f"{user_id} {conversation_id}", ex=OWNER_TTL_S)
-            pipe.set(keys.reader_heartbeat(generation_id), self.gateway_id,
-                     ex=max(1, int(self.settings.reader_timeout_s)))
+            pipe.set(keys.reader_heartbeat(generation_id), self.gateway_id, ex=self._reader_ttl_s)
             await pipe.execute()
 
     async def reader_beat(self, generation_id: str) -> None:
-        await self.redis.set(keys.reader_heartbeat(generation_id), self.gateway_id,
-                             ex=max(1, int(self.settings.reader_timeout_s)))
+        await self.redis.set(keys.reader_heartbeat(generation_id), self.gateway_id, ex=self._reader_ttl_s)
+
+    @property
+    def _reader_ttl_s(self) -> int:
+        return max(1, int(self.settings.reader_timeout_s))

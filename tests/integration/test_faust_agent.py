@@ -10,6 +10,12 @@ from streams.app import make_app, topic
 from topics import Topics
 
 
+def finished_reply() -> GenerationFinished:
+    return GenerationFinished(generation_id=new_id(), conversation_id="c", user_id="u", plan="free", message_id="m",
+                              status="complete", text="hi", usage=Usage(prompt_tokens=3), model="SmolLM2",
+                              pool="small", worker_id="w")
+
+
 async def test_faust_agent_reads_and_writes_typed_events(settings: Settings) -> None:
     topics = Topics(settings.topic_prefix)
     app = make_app("faust-echo", settings)
@@ -32,9 +38,7 @@ async def test_faust_agent_reads_and_writes_typed_events(settings: Settings) -> 
     await reader.start()
     await app.start()
     try:
-        finished = GenerationFinished(generation_id=new_id(), conversation_id="c", user_id="u", plan="free",
-                                      message_id="m", status="complete", text="hi", usage=Usage(prompt_tokens=3),
-                                      model="SmolLM2", pool="small", worker_id="w")
+        finished = finished_reply()
         await send(producer, topics.replies, finished, key="c")
         record = await asyncio.wait_for(reader.getone(), 60)
         emitted = decode(record.value)
@@ -63,9 +67,7 @@ async def test_faust_agent_dead_letters_an_undecodable_record_and_goes_on(settin
     await app.start()
     try:
         await producer.send_and_wait(topics.replies, b'{"type": "GenerationFinished", "v": 1, "oops"', key=b"c")
-        good = GenerationFinished(generation_id=new_id(), conversation_id="c", user_id="u", plan="free",
-                                  message_id="m", status="complete", text="hi", usage=Usage(prompt_tokens=3),
-                                  model="SmolLM2", pool="small", worker_id="w")
+        good = finished_reply()
         await send(producer, topics.replies, good, key="c")
         record = await asyncio.wait_for(dead.getone(), 60)
         lettered = decode(record.value)
