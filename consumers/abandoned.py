@@ -10,9 +10,8 @@ import logging
 import time
 from typing import Any
 
-from consumers.kafka import make_consumer, make_producer, send
-from infra import keys
-from infra.settings import Settings
+from infra.config.settings import Settings
+from infra.stores import keys
 from schemas import (
     CancelRequested,
     EventDecodeError,
@@ -23,6 +22,7 @@ from schemas import (
     decode,
 )
 from topics import Topics
+from topics.clients import make_consumer, make_producer, send
 
 log = logging.getLogger(__name__)
 

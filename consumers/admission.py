@@ -3,7 +3,7 @@
 on ``chat.tokens`` (keyed by generation, where the gateway waits for it).
 
 Checks the input, picks the pool, and reserves prompt estimate + reply cap with one
-atomic Redis script (``consumers/quota.py``). The decision is pure (``precheck``,
+atomic Redis script (``infra/stores/quota.py``). The decision is pure (``precheck``,
 ``route``, ``decide``); the handler only calls the quota between them. A
 redelivered request finds its reservation and is admitted again identically; one
 already settled is not admitted again (it would generate twice).
@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.quota import Quota
-from consumers.quota_outcomes import Refusal, Reservation
 from consumers.stage import Out, Stage
-from infra.plans import Plan
-from infra.settings import Settings
+from infra.config.plans import Plan
+from infra.config.settings import Settings
+from infra.stores.quota import Quota
+from infra.stores.quota_outcomes import Refusal, Reservation
 from schemas import MessageSubmitted, RequestAdmitted, RequestRefused
 from topics import Topics
 from topics.catalogue import POOLS

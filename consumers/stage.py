@@ -16,10 +16,10 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from consumers.kafka import decode_or_deadletter, enqueue, make_consumer, make_producer
-from infra.settings import Settings
+from infra.config.settings import Settings
 from schemas import Event
 from topics import Topics
+from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer
 
 log = logging.getLogger(__name__)
 

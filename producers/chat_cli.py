@@ -11,7 +11,7 @@ import time
 import httpx
 import orjson
 
-from infra.settings import Settings
+from infra.config.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo_token(settings: Settings) -> str | None:
-    from infra.stack import demo_file, load_demo_user
+    from infra.local.stack import demo_file, load_demo_user
 
     demo = load_demo_user(demo_file(settings))
     return demo.token if demo else None

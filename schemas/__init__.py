@@ -5,10 +5,10 @@ from schemas.codec import ALL_EVENTS, decode, encode
 from schemas.deadletter import EventDeadLettered
 from schemas.errors import EventDecodeError, MalformedEvent, UnsupportedVersion
 from schemas.gateway import CancelRequested, MessageSubmitted
+from schemas.generation import GenerationFinished, GenerationStarted, TokensAppended, Usage
 from schemas.prompt import PromptBuilt
 from schemas.scheduler import GenerationQueued, GenerationRequested
 from schemas.settlement import UsageRecorded
-from schemas.worker import GenerationFinished, GenerationStarted, TokensAppended, Usage
 
 __all__ = [
     "ALL_EVENTS", "CancelRequested", "Event", "EventDeadLettered", "EventDecodeError", "GenerationFinished",

@@ -15,10 +15,10 @@ from schemas.base import Event
 from schemas.deadletter import EventDeadLettered
 from schemas.errors import MalformedEvent, UnsupportedVersion
 from schemas.gateway import CancelRequested, MessageSubmitted
+from schemas.generation import GenerationFinished, GenerationStarted, TokensAppended
 from schemas.prompt import PromptBuilt
 from schemas.scheduler import GenerationQueued, GenerationRequested
 from schemas.settlement import UsageRecorded
-from schemas.worker import GenerationFinished, GenerationStarted, TokensAppended
 
 ALL_EVENTS: tuple[type[Event], ...] = (
     MessageSubmitted,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from schemas.base import Event
 from schemas.gateway import Plan
-from schemas.worker import Status
+from schemas.generation import Status
 
 
 class UsageRecorded(Event, frozen=True, kw_only=True):

@@ -11,11 +11,11 @@ from typing import Any
 
 import faust
 
-from consumers.kafka import deadletter_event, log_deadlettered
-from infra.settings import Settings
+from infra.config.settings import Settings
 from schemas import encode
 from streams.codec import CODEC_NAME, register
 from topics import Topics
+from topics.clients import deadletter_event, log_deadlettered
 
 
 def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
@@ -47,7 +47,7 @@ def topic(app: faust.App, topics: Topics, name: str) -> faust.TopicT:
 class DeadLetteringTopic(faust.Topic):
     """faust acknowledges an undecodable record and hands the error to its agent, which would stop on it;
     here the record is wrapped in ``EventDeadLettered`` on the dead-letter topic instead, as every aiokafka
-    stage does (``consumers.kafka.deadletter``)."""
+    stage does (``topics.clients.deadletter``)."""
 
     def __init__(self, *args: Any, deadletter_topic: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -15,9 +15,9 @@ from typing import Any
 
 import faust
 
-from infra import keys
-from infra.db.conversations import Conversations, Message
-from infra.db.records import Records, Summary
+from infra.stores import keys
+from infra.stores.conversations import Conversations, Message
+from infra.stores.records import Records, Summary
 from schemas import GenerationFinished, GenerationRequested
 from topics import Topics
 

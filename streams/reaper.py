@@ -20,15 +20,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from consumers.kafka import make_producer, send
-from consumers.quota import Quota
-from consumers.quota_outcomes import Reservation, Settled
-from infra.plans import Plan
-from infra.settings import Settings
+from infra.config.plans import Plan
+from infra.config.settings import Settings
+from infra.stores.quota import Quota
+from infra.stores.quota_outcomes import Reservation, Settled
 from schemas import GenerationFinished, UsageRecorded
-from streams.replay import replay
 from streams.settlement import publish_usage
 from topics import Topics
+from topics.clients import make_producer, send
+from topics.replay import replay
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class Reaper:
 
 def build_stage(settings: Settings, redis: Any, db: Any, plans: Mapping[str, Plan], *,
                 environ: Mapping[str, str] | None = None) -> Reaper:
-    """The reaper for ``run_stages`` (``consumers/wiring.py``); ``PARLEY_REAPER_INTERVAL_S`` sets the period."""
+    """The reaper for ``run_stages`` (``infra/local/wiring.py``); ``PARLEY_REAPER_INTERVAL_S`` sets the period."""
     environ = os.environ if environ is None else environ
     return Reaper(settings, Quota.configured(redis, plans, scope=settings.topic_prefix, environ=environ),
                   interval_s=float(environ.get("PARLEY_REAPER_INTERVAL_S", 30)))

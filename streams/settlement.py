@@ -22,10 +22,10 @@ import faust
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from consumers.quota import Quota
-from consumers.quota_outcomes import Settled
-from infra.plans import Plan
-from infra.settings import Settings
+from infra.config.plans import Plan
+from infra.config.settings import Settings
+from infra.stores.quota import Quota
+from infra.stores.quota_outcomes import Settled
 from schemas import GenerationFinished, UsageRecorded
 from streams.app import FaustStage, make_app, topic
 from topics import Topics
@@ -119,5 +119,5 @@ def faust_datadir(settings: Settings, stage: str) -> str:
 
 
 def build_stage(settings: Settings, redis: Any, db: Any, plans: Mapping[str, Plan]) -> FaustStage:
-    """Settlement for ``run_stages`` (``consumers/wiring.py``); ``db`` is unused, kept for the common shape."""
+    """Settlement for ``run_stages`` (``infra/local/wiring.py``); ``db`` is unused, kept for the common shape."""
     return FaustStage("settlement", build_app(settings, redis, plans))

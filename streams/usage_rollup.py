@@ -20,9 +20,9 @@ from typing import Any
 
 import faust
 
-from infra.db.records import Records, UsageDay
-from infra.db.session import AsyncSession
-from infra.settings import Settings
+from infra.config.settings import Settings
+from infra.stores.records import Records, UsageDay
+from infra.stores.session import AsyncSession
 from schemas import UsageRecorded
 from streams.app import FaustStage, make_app, topic
 from streams.codec import CODEC_NAME
@@ -109,5 +109,5 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
 
 
 def build_stage(settings: Settings, redis: Any, db: AsyncSession, plans: Any) -> FaustStage:
-    """The rollup for ``run_stages`` (``consumers/wiring.py``); only ``db`` is used."""
+    """The rollup for ``run_stages`` (``infra/local/wiring.py``); only ``db`` is used."""
     return FaustStage("usage-rollup", build_app(settings, Records(db)))

@@ -8,13 +8,13 @@ from contextlib import ExitStack
 
 import pytest
 
-from infra.settings import Settings
+from infra.config.settings import Settings
 
 
 @pytest.fixture(scope="session")
 def stack_settings() -> Iterator[Settings]:
     """The running stack (started by the project's infra code if needed), with a keyspace for this run."""
-    from infra.cql.migrate import apply
+    from infra.stores.cql.migrate import apply
     from tests.services import provide
 
     with ExitStack() as stack:
@@ -41,7 +41,7 @@ def settings(stack_settings: Settings, topic_prefix: str) -> Settings:
 
 @pytest.fixture(scope="session")
 def cassandra_session(stack_settings: Settings) -> Iterator[object]:
-    from infra.db.session import connect
+    from infra.stores.session import connect
 
     cluster, session = connect(stack_settings)
     yield session
@@ -50,7 +50,7 @@ def cassandra_session(stack_settings: Settings) -> Iterator[object]:
 
 @pytest.fixture
 def db(cassandra_session: object) -> object:
-    from infra.db.session import AsyncSession
+    from infra.stores.session import AsyncSession
 
     return AsyncSession(cassandra_session)  # type: ignore[arg-type]
 

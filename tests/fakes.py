@@ -1,6 +1,6 @@
 """Test doubles. Nothing here is used by the service itself.
 
-``FakeEngine`` stands in for ``consumers.engine.VllmEngine`` in unit tests of the generation worker:
+``FakeEngine`` stands in for ``consumers.generation.engine.VllmEngine`` in unit tests of the generation worker:
 it streams a premade reply one step at a time (with an optional delay per step, so cancels and
 batching can be exercised), records every request and abort, and imitates the prefix cache
 closely enough to test the ``cached_prompt_tokens`` plumbing. It tokenises by word, so ids are
@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from consumers.engine import GREEDY, EngineStats, Sampling, StepOutput
+from consumers.generation.engine import GREEDY, EngineStats, Sampling, StepOutput
 
 _PIECES = re.compile(r"\s*\S+|\s+")  # a word with the space before it: pieces join back exactly
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 from contextlib import ExitStack
 
-from infra.settings import Ports, Settings
+from infra.config.settings import Ports, Settings
 
 
 def provide(stack: ExitStack) -> Settings:
     mode = os.environ.get("PARLEY_TEST_SERVICES", "local")
     if mode == "local":
-        from infra import stack as local_stack
+        from infra.local import stack as local_stack
 
         settings = Settings.from_env()
         local_stack.up(settings)

@@ -8,7 +8,7 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from infra.settings import Settings
+from infra.config.settings import Settings
 from topics.catalogue import Topic, Topics
 
 log = logging.getLogger(__name__)

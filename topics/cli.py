@@ -6,7 +6,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from infra.settings import Settings
+from infra.config.settings import Settings
 from topics.admin import ensure_topics
 from topics.catalogue import Topics
 

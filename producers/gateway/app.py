@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from infra.settings import Settings
+from infra.config.settings import Settings
 from producers.gateway import openai_compat
 from producers.gateway.errors import ApiError, unavailable
 from producers.gateway.state import Gateway

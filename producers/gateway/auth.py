@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from infra.db.accounts import User
+from infra.stores.accounts import User
 from producers.gateway.errors import unauthorized
 from producers.gateway.state import Gateway
 

@@ -5,8 +5,8 @@ import argparse
 
 import uvicorn
 
-from infra import logconfig
-from infra.settings import Settings
+from infra.config import logs as logconfig
+from infra.config.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build(settings: Settings):  # type: ignore[no-untyped-def]
-    from infra.pools import load_pools
+    from infra.config.pools import load_pools
     from producers.gateway.app import create_app
 
     pools = load_pools(settings)
@@ -33,11 +33,11 @@ def build(settings: Settings):  # type: ignore[no-untyped-def]
 
 def _quota(settings: Settings) -> object | None:
     try:
-        from consumers.quota import Quota
+        from infra.stores.quota import Quota
     except ImportError:
         return None
     import redis.asyncio as aioredis
 
-    from infra.plans import load_plans
+    from infra.config.plans import load_plans
 
     return Quota(aioredis.Redis.from_url(settings.redis_url), load_plans())

@@ -14,9 +14,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from consumers.kafka import make_consumer, topic_partitions
-from consumers.partitioning import partition_for
 from schemas import EventDecodeError, decode
+from topics.clients import make_consumer, topic_partitions
+from topics.partitioning import partition_for
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from infra import keys
-from infra.db.accounts import User
+from infra.stores import keys
+from infra.stores.accounts import User
 from producers.gateway import openai_compat, submission
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found

@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
-from infra.db.accounts import User
-from infra.db.conversations import Message
+from infra.stores.accounts import User
+from infra.stores.conversations import Message
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found
 

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from infra.db.accounts import User
+from infra.stores.accounts import User
 from producers.gateway import openai_compat as compat
 from producers.gateway import submission
 from producers.gateway.auth import current_user, gateway_of

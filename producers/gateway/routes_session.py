@@ -11,8 +11,8 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
-from infra.db.accounts import User
-from infra.settings import is_loopback
+from infra.config.settings import is_loopback
+from infra.stores.accounts import User
 from producers.gateway.auth import SESSION_COOKIE, gateway_of
 from producers.gateway.errors import ApiError, unauthorized
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from infra.db.accounts import User
+from infra.stores.accounts import User
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError
 

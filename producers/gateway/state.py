@@ -13,15 +13,15 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
-from consumers.kafka import make_producer
-from infra import keys
-from infra.db.accounts import Accounts, User
-from infra.db.conversations import Conversations
-from infra.db.records import Records
-from infra.db.session import AsyncSession, connect
-from infra.settings import Settings
+from infra.config.settings import Settings
+from infra.stores import keys
+from infra.stores.accounts import Accounts, User
+from infra.stores.conversations import Conversations
+from infra.stores.records import Records
+from infra.stores.session import AsyncSession, connect
 from producers.gateway.relay import TokenRelay
 from topics import Topics
+from topics.clients import make_producer
 
 OWNER_TTL_S = 7 * 24 * 3600
 

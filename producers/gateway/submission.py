@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.kafka import send
-from infra.db.accounts import User
+from infra.stores.accounts import User
 from producers.gateway.errors import ApiError
 from producers.gateway.state import Gateway
 from schemas import CancelRequested, GenerationQueued, MessageSubmitted, RequestRefused
+from topics.clients import send
 
 log = logging.getLogger(__name__)
 Events = list[tuple[int, Any]]

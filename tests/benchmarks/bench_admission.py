@@ -23,11 +23,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from consumers.quota import Quota, _script
-from consumers.quota_outcomes import Reservation, utc_day
-from infra import keys
-from infra.plans import Plan
-from infra.settings import Settings
+from infra.config.plans import Plan
+from infra.config.settings import Settings
+from infra.stores import keys
+from infra.stores.quota import Quota, _script
+from infra.stores.quota_outcomes import Reservation, utc_day
 
 SCOPE, TTL = "bench.", 60
 PLAN = Plan("free", daily_tokens=30_000, bucket_tokens_per_minute=6_000, bucket_burst=12_000, max_running=2,

@@ -24,14 +24,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from consumers.kafka import make_consumer, make_producer, send
-from infra import keys
-from infra.settings import Settings
+from infra.config.settings import Settings
+from infra.stores import keys
 from schemas import GenerationFinished, GenerationQueued, TokensAppended, Usage, decode, encode, new_id
 from tests.benchmarks import common
 from tests.benchmarks.profiling import Profiler, cpu_seconds
 from tests.benchmarks.sse_client import SseStream
 from topics import Topics
+from topics.clients import make_consumer, make_producer, send
 
 USERS, CONNECTS_AT_ONCE = 10, 32
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import httpx
 
-from consumers.engine import Sampling
-from infra.settings import Settings
+from consumers.generation.engine import Sampling
+from infra.config.settings import Settings
 from schemas import GenerationFinished, GenerationStarted, TokensAppended
 from tests.benchmarks import common
 from tests.benchmarks.common import Timeline, ratio
@@ -51,7 +51,7 @@ def requests_at(concurrency: int, quick: bool) -> int:
 # -- (a) the engine alone ----------------------------------------------------------------------------------
 async def engine_side(pool: Any, prompts: list[list[int]], max_tokens: int, levels: list[int],
                       quick: bool, think_s: float) -> dict[str, Any]:
-    from consumers.engine import VllmEngine
+    from consumers.generation.engine import VllmEngine
 
     engine = VllmEngine(pool)
     print(f"   engine loaded in {engine.load_seconds:.0f} s; effective {engine.effective}")
@@ -235,7 +235,7 @@ def report(before: dict[str, Any], after: dict[str, Any], pipe: dict[str, Any], 
 
 
 async def main(ns: argparse.Namespace) -> None:
-    from infra.pools import load_pool
+    from infra.local.model import ready_pool as load_pool
 
     env = dict(POOL_ENV, PARLEY_PLANS_FILE=str(common.plans_file(ns.max_tokens)))
     os.environ.update(env)  # the in-process engine and the service get the same pool and plans

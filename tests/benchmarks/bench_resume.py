@@ -21,12 +21,12 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from consumers.kafka import make_producer, send
-from infra import keys
+from infra.stores import keys
 from schemas import GenerationFinished, GenerationQueued, TokensAppended, Usage, encode, new_id
 from tests.benchmarks import common
 from tests.benchmarks.sse_client import SseStream
 from topics import Topics
+from topics.clients import make_producer, send
 
 
 async def generation(producer: Any, topic: str, redis: Any, user: common.User, deltas: int) -> dict[str, Any]:

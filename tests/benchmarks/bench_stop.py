@@ -124,8 +124,8 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 async def main(ns: argparse.Namespace) -> None:
-    from infra.pools import load_pool
-    from infra.settings import Settings
+    from infra.config.settings import Settings
+    from infra.local.model import ready_pool as load_pool
 
     pool = load_pool("large", Settings.from_env())
     common.header("bench_stop: cancel request -> last token event", engine="eager" if pool.enforce_eager

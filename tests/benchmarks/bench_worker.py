@@ -24,13 +24,13 @@ import time
 import uuid
 from typing import Any
 
-from consumers.engine import GREEDY
-from consumers.kafka import make_producer, send
-from infra.settings import Settings
+from consumers.generation.engine import GREEDY
+from infra.config.settings import Settings
 from schemas import GenerationFinished, GenerationRequested, GenerationStarted, TokensAppended, new_id
 from tests.benchmarks import common
 from tests.benchmarks.common import Timeline, ratio
 from topics import Topics
+from topics.clients import make_producer, send
 
 POOL_ENV = {"PARLEY_POOL_LARGE_MAX_SEQS": "16", "PARLEY_POOL_LARGE_KV_CACHE_GIB": "1"}
 BATCH = 16
@@ -97,7 +97,7 @@ def hops(runs: list[Timeline]) -> dict[str, float]:
 
 async def direct_side(pool: Any, prompts: list[list[int]], max_tokens: int, n_single: int,
                       rounds: int) -> dict[str, Any]:
-    from consumers.engine import VllmEngine
+    from consumers.generation.engine import VllmEngine
 
     engine = VllmEngine(pool)
     print(f"   direct engine loaded in {engine.load_seconds:.0f} s; effective {engine.effective}")
@@ -196,7 +196,7 @@ def report(before: dict[str, Any], after: dict[str, Any], worker: dict[str, Any]
 
 
 async def main(ns: argparse.Namespace) -> None:
-    from infra.pools import load_pool
+    from infra.local.model import ready_pool as load_pool
 
     os.environ.update(POOL_ENV)  # the in-process engine and the worker process get the same pool
     settings = await common.bench_settings("w")

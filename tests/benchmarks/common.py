@@ -24,12 +24,12 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from consumers.kafka import make_consumer, topic_partitions
-from infra.settings import Settings
+from infra.config.settings import Settings
 from schemas import EventDecodeError, GenerationFinished, decode
 from tests.e2e.service import Proc, Service
 from topics import Topics
 from topics.admin import ensure_topics_async
+from topics.clients import make_consumer, topic_partitions
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench-results"
@@ -85,7 +85,7 @@ def header(title: str, **fields: Any) -> None:
 # -- settings, topics, processes ---------------------------------------------------------------------------
 async def bench_settings(tag: str) -> Settings:
     """The running stack, with the benchmarks' keyspace (migrated) and a fresh topic prefix (created)."""
-    from infra.cql.migrate import apply
+    from infra.stores.cql.migrate import apply
 
     settings = Settings.from_env().with_(keyspace=KEYSPACE, topic_prefix=f"b{tag}{uuid.uuid4().hex[:6]}.")
     apply(settings)
@@ -159,8 +159,8 @@ class User:
 
 
 async def make_users(settings: Settings, plan: str, n: int) -> list[User]:
-    from infra.db.accounts import Accounts
-    from infra.db.session import AsyncSession, connect
+    from infra.stores.accounts import Accounts
+    from infra.stores.session import AsyncSession, connect
 
     cluster, session = connect(settings)
     try:
@@ -176,15 +176,15 @@ def story_request(i: int) -> str:
 
 
 def tokenizer() -> Any:
-    from consumers.tokenizer import tokenizer_for
-    from infra.model import default_model_dir
+    from consumers.prompt.tokenizer import tokenizer_for
+    from infra.config.pools import default_model_dir
 
     return tokenizer_for(str(default_model_dir(Settings.from_env())))
 
 
 def pipeline_prompt(text: str) -> list[int]:
     """The ids the prompt stage builds for the first turn of a new conversation (shared system prompt)."""
-    from consumers.prompt_fit import Turn, fit
+    from consumers.prompt.fit import Turn, fit
 
     tok = tokenizer()
     fitted = fit([Turn(0, text, None)], tok.count, Settings.from_env().prompt_budget_tokens)

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.settings import Settings
+from infra.config.settings import Settings
 from tests.e2e.service import Service, launch
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -36,8 +36,8 @@ class Caller:
 
 
 async def _make_user(settings: Settings, plan: str) -> Caller:
-    from infra.db.accounts import Accounts
-    from infra.db.session import AsyncSession, connect
+    from infra.stores.accounts import Accounts
+    from infra.stores.session import AsyncSession, connect
 
     cluster, session = connect(settings)
     try:

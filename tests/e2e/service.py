@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from infra.settings import Settings
+from infra.config.settings import Settings
 from topics.admin import ensure_topics
 
 
@@ -57,7 +57,7 @@ class Service:
 
     def start(self, name: str, *args: str, port: int | None = None) -> Proc:
         log = self.log_dir / f"{name}.log"
-        popen = subprocess.Popen([sys.executable, "-m", "infra.cli", *args], env=self.env,
+        popen = subprocess.Popen([sys.executable, "-m", "infra.local.cli", *args], env=self.env,
                                  stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
         proc = self.procs[name] = Proc(name, popen, log, port)
         return proc

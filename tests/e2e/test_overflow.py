@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from consumers.canned import CANNED_POOL, CannedReplies
-from infra.settings import Settings
+from consumers.scheduler.canned import CANNED_POOL, CannedReplies
+from infra.config.settings import Settings
 from tests.e2e.client import Frame, collect, frames, text_of
 from tests.e2e.conftest import ARTIFACTS, Caller, _make_user
 from tests.e2e.service import Service, launch

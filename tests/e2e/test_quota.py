@@ -6,8 +6,8 @@ import asyncio
 import httpx
 import redis.asyncio as aioredis
 
-from consumers.quota import Quota
-from infra.plans import load_plans
+from infra.config.plans import load_plans
+from infra.stores.quota import Quota
 from schemas import new_id
 from tests.e2e.client import collect
 from tests.e2e.conftest import Caller, eventually

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from infra.cql.migrate import apply
-from infra.db.accounts import Accounts, hash_token
-from infra.db.conversations import Conversations, Message
-from infra.db.records import Records, Summary, UsageDay
-from infra.settings import Settings
+from infra.config.settings import Settings
+from infra.stores.accounts import Accounts, hash_token
+from infra.stores.conversations import Conversations, Message
+from infra.stores.cql.migrate import apply
+from infra.stores.records import Records, Summary, UsageDay
 from schemas import new_id
 
 

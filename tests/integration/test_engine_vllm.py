@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from consumers.engine import RequestRejected, StepOutput, VllmEngine
-from infra.pools import load_pool
-from infra.settings import Settings
+from consumers.generation.engine import RequestRejected, StepOutput, VllmEngine
+from infra.config.settings import Settings
+from infra.local.model import ready_pool as load_pool
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import asyncio
 
-from consumers.kafka import make_consumer, make_producer, send
-from infra.settings import Settings
+from infra.config.settings import Settings
 from schemas import EventDeadLettered, GenerationFinished, RequestAdmitted, Usage, decode, new_id
 from streams.app import make_app, topic
 from topics import Topics
+from topics.clients import make_consumer, make_producer, send
 
 
 def finished_reply() -> GenerationFinished:

@@ -5,10 +5,10 @@ import asyncio
 
 from aiokafka import TopicPartition
 
-from consumers.kafka import decode_or_deadletter, make_consumer, make_producer, send
-from infra.settings import Settings
+from infra.config.settings import Settings
 from schemas import EventDeadLettered, MessageSubmitted, TokensAppended, decode, new_id
 from topics import Topics
+from topics.clients import decode_or_deadletter, make_consumer, make_producer, send
 
 
 def _message(i: int = 0) -> MessageSubmitted:

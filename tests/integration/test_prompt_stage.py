@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from consumers.prompt import PromptBuilder
-from consumers.tokenizer import tokenizer_for
-from infra.db.conversations import Conversations
-from infra.db.records import Records
-from infra.pools import load_pool
-from infra.settings import Settings
+from consumers.prompt.builder import PromptBuilder
+from consumers.prompt.tokenizer import tokenizer_for
+from infra.config.settings import Settings
+from infra.local.model import ready_pool as load_pool
+from infra.stores.conversations import Conversations
+from infra.stores.records import Records
 from schemas import PromptBuilt, RequestAdmitted, new_id
 from topics import Topics
 

@@ -8,15 +8,15 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-from consumers.kafka import make_consumer, make_producer, send
-from consumers.quota import Quota
-from consumers.quota_outcomes import Refusal, Reservation, next_midnight
-from infra import keys
-from infra.plans import Plan
-from infra.settings import Settings
+from infra.config.plans import Plan
+from infra.config.settings import Settings
+from infra.stores import keys
+from infra.stores.quota import Quota
+from infra.stores.quota_outcomes import Refusal, Reservation, next_midnight
 from schemas import GenerationFinished, Usage, UsageRecorded, decode
 from streams.reaper import Reaper
 from topics import Topics
+from topics.clients import make_consumer, make_producer, send
 
 BASE = Plan(name="free", daily_tokens=1_000_000, bucket_tokens_per_minute=6_000_000, bucket_burst=1_000_000,
             max_running=2, reply_cap=500, queue_wait_limit_s=10, lane="free")

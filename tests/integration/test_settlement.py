@@ -9,17 +9,17 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from consumers.kafka import make_producer, send
-from consumers.quota import Quota
-from consumers.quota_outcomes import Reservation
-from infra import billing, keys
-from infra.db.records import Records
-from infra.plans import Plan
-from infra.settings import Settings
+from infra.config.plans import Plan
+from infra.config.settings import Settings
+from infra.stores import keys
+from infra.stores.quota import Quota
+from infra.stores.quota_outcomes import Reservation
+from infra.stores.records import Records
 from schemas import GenerationFinished, Usage, UsageRecorded
-from streams import settlement, usage_rollup
-from streams.replay import replay
+from streams import billing, settlement, usage_rollup
 from topics import Topics
+from topics.clients import make_producer, send
+from topics.replay import replay
 
 PLAN = Plan("free", daily_tokens=1_000_000, bucket_tokens_per_minute=1_000_000, bucket_burst=1_000_000,
             max_running=20, reply_cap=512, queue_wait_limit_s=10, lane="free")

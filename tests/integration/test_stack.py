@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from infra import stack
-from infra.services import process
-from infra.services.kafka import POM as KAFKA_POM
-from infra.services.maven import pom_property
-from infra.settings import Ports, Settings
+from infra.config.settings import Ports, Settings
+from infra.local import stack
+from infra.local.services import process
+from infra.local.services.kafka import POM as KAFKA_POM
+from infra.local.services.maven import pom_property
 
 pytestmark = pytest.mark.integration
 

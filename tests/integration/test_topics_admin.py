@@ -3,7 +3,7 @@ import asyncio
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from infra.settings import Settings
+from infra.config.settings import Settings
 from topics.admin import _current_configs, ensure_topics_async
 from topics.catalogue import MINUTE_MS
 

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
-from consumers.kafka import make_consumer, make_producer, send
-from consumers.partitioning import partition_for
-from infra.settings import Settings
+from infra.config.settings import Settings
 from schemas import (
     CancelRequested,
     GenerationFinished,
@@ -25,6 +23,8 @@ from schemas import (
 from tests.e2e.service import Service, free_port
 from topics import Topics
 from topics.admin import ensure_topics
+from topics.clients import make_consumer, make_producer, send
+from topics.partitioning import partition_for
 
 pytestmark = pytest.mark.vllm
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "worker-logs"
@@ -61,8 +61,8 @@ def _request(tokenizer_ids: list[int], lane: str = "paid", max_tokens: int = 24,
 
 
 def _prompt(text: str) -> list[int]:
-    from consumers.tokenizer import tokenizer_for
-    from infra.model import default_model_dir
+    from consumers.prompt.tokenizer import tokenizer_for
+    from infra.config.pools import default_model_dir
 
     tok = tokenizer_for(str(default_model_dir(Settings.from_env())))
     return tok.chat_ids([{"role": "user", "content": text}])

@@ -15,9 +15,9 @@ from consumers.admission import (
     route,
     visible_chars,
 )
-from consumers.quota_outcomes import Refusal, Reservation, refusal
-from infra.plans import Plan
-from infra.settings import Settings
+from infra.config.plans import Plan
+from infra.config.settings import Settings
+from infra.stores.quota_outcomes import Refusal, Reservation, refusal
 from schemas import MessageSubmitted, RequestAdmitted, RequestRefused
 from topics import Topics
 

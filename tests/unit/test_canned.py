@@ -1,4 +1,4 @@
-from consumers.canned import CannedReplies, normalise
+from consumers.scheduler.canned import CannedReplies, normalise
 
 
 def test_matching_ignores_case_spacing_and_trailing_punctuation() -> None:

@@ -1,6 +1,6 @@
 """The capacity model against seed 000's own figures, at the seed's rounding.
 
-Expected values are written out here, not read from infra.capacity.CHECKS, so a wrong entry there
+Expected values are written out here, not read from infra.planning.capacity.CHECKS, so a wrong entry there
 cannot make its own test pass.
 """
 
@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from infra import capacity
-from infra.capacity import Inputs, figures, notes, seed_round
+from infra.planning import capacity
+from infra.planning.capacity import Inputs, figures, notes, seed_round
 
 SEED = figures(Inputs())
 

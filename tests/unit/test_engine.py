@@ -5,15 +5,15 @@ import asyncio
 import subprocess
 import sys
 
-from consumers.engine import Engine, StepOutput, engine_kwargs, render_chat
-from infra.pools import load_pools
-from infra.settings import Settings
+from consumers.generation.engine import Engine, StepOutput, engine_kwargs, render_chat
+from infra.config.pools import load_pools
+from infra.config.settings import Settings
 from tests.fakes import FakeEngine, FakeTokenizer
 
 
 def test_engine_module_is_import_safe() -> None:
     """vLLM's engine core is a spawned process that re-imports us: importing must not pull in vLLM."""
-    code = "import sys, consumers.engine; print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))"
+    code = "import sys, consumers.generation.engine; print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -1,5 +1,5 @@
-from consumers.generation import Finish, Generate, Limits, plan, status_for
-from consumers.recovery import Saved
+from consumers.generation.plan import Finish, Generate, Limits, plan, status_for
+from consumers.generation.recovery import Saved
 from schemas import GenerationFinished, GenerationRequested, TokensAppended, Usage
 
 LIMITS = Limits(pool="large", model="SmolLM2-135M-Instruct", max_model_len=100)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.lab import cli
-from infra.lab.fleet import FleetConfig, arrivals, queue_series, simulate_fleet
-from infra.lab.metrics import percentile, summarize
-from infra.lab.sim import LabConfig, Mode, Run, simulate, workload
+from infra.planning.lab import cli
+from infra.planning.lab.fleet import FleetConfig, arrivals, queue_series, simulate_fleet
+from infra.planning.lab.metrics import percentile, summarize
+from infra.planning.lab.sim import LabConfig, Mode, Run, simulate, workload
 
 CONFIG = LabConfig()
 RUNS = {mode: simulate(CONFIG, mode) for mode in Mode}

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cql.migrate import load_migrations
+from infra.stores.cql.migrate import load_migrations
 
 
 def test_migrations_are_numbered_and_split_into_statements() -> None:

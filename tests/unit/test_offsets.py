@@ -1,4 +1,4 @@
-from consumers.offsets import OffsetTracker
+from consumers.generation.offsets import OffsetTracker
 
 
 def test_finished_request_behind_unfinished_one_is_not_committed_past_it() -> None:

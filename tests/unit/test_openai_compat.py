@@ -8,8 +8,8 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from infra.db.accounts import User
-from infra.settings import Settings
+from infra.config.settings import Settings
+from infra.stores.accounts import User
 from producers.gateway.app import create_app
 from producers.gateway.errors import ApiError
 from producers.gateway.openai_compat import (

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.model import MODEL_NAME
-from infra.pools import PoolConfigError, UnknownPoolError, load_pools, pool_config
-from infra.settings import Settings
+from infra.config.pools import PoolConfigError, UnknownPoolError, load_pools, pool_config
+from infra.config.settings import Settings
+from infra.local.model import MODEL_NAME
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-from consumers.prompt_fit import PER_MESSAGE_OVERHEAD, SYSTEM_PROMPT, Turn, fit
+from consumers.prompt.fit import PER_MESSAGE_OVERHEAD, SYSTEM_PROMPT, Turn, fit
 
 
 def words(text: str) -> int:
@@ -48,7 +48,7 @@ def test_current_turn_is_kept_even_when_over_budget() -> None:
 
 
 def test_client_history_keeps_system_messages_and_newest_turns() -> None:
-    from consumers.prompt_fit import fit_history
+    from consumers.prompt.fit import fit_history
 
     history = [("system", "be terse"), ("user", "a " * 50), ("assistant", "b " * 50), ("user", "question?")]
     budget = words(SYSTEM_PROMPT) + 2 + 3 * PER_MESSAGE_OVERHEAD + 1 + 60

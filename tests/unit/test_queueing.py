@@ -1,4 +1,4 @@
-from consumers.queueing import PoolLoad, Queues, Refuse, Route
+from consumers.scheduler.queueing import PoolLoad, Queues, Refuse, Route
 
 
 def _queues(large_cap: int = 2, small_cap: int = 2) -> Queues:

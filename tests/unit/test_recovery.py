@@ -1,6 +1,6 @@
-from consumers.partitioning import partition_for
-from consumers.recovery import collect
+from consumers.generation.recovery import collect
 from schemas import GenerationFinished, GenerationStarted, TokensAppended, Usage
+from topics.partitioning import partition_for
 
 
 def _tok(gen: str, seq: int, text: str) -> TokensAppended:

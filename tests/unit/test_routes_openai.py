@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from infra.settings import Settings
+from infra.config.settings import Settings
 from producers.gateway import routes_openai, submission
 from producers.gateway.submission import Accepted
 from schemas import GenerationFinished, GenerationQueued, TokensAppended, Usage, new_id

@@ -1,7 +1,7 @@
-from consumers.canned import CANNED_POOL, CannedReplies
-from consumers.queueing import PoolLoad, Queues
-from consumers.scheduler import Scheduler
-from infra.plans import load_plans
+from consumers.scheduler.canned import CANNED_POOL, CannedReplies
+from consumers.scheduler.queueing import PoolLoad, Queues
+from consumers.scheduler.stage import Scheduler
+from infra.config.plans import load_plans
 from schemas import GenerationFinished, GenerationQueued, GenerationRequested, PromptBuilt, RequestRefused
 from topics import Topics
 

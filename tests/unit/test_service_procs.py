@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from infra import stack
-from infra.errors import PortInUse, ServiceFailed, StackError
-from infra.services import apps, process
-from infra.services.apps import App, AppSpec, LogWatch
-from infra.settings import Ports, Settings
+from infra.config.settings import Ports, Settings
+from infra.local import stack
+from infra.local.errors import PortInUse, ServiceFailed, StackError
+from infra.local.services import apps, process
+from infra.local.services.apps import App, AppSpec, LogWatch
 
 WORKER = """
 import time  # standin-worker
@@ -115,7 +115,7 @@ def test_parley_command_prefers_the_venvs_script(tmp_path: Path) -> None:
     python = tmp_path / "bin" / "python"
     python.parent.mkdir()
     python.touch()
-    assert apps.parley_command("stages", executable=str(python)) == [str(python), "-m", "infra.cli", "stages"]
+    assert apps.parley_command("stages", executable=str(python)) == [str(python), "-m", "infra.local.cli", "stages"]
     script = python.with_name("parley")
     script.write_text("#!/bin/sh\n")
     script.chmod(0o755)

@@ -1,4 +1,4 @@
-"""Pure logic of infra.services: pid files, ownership, ports, logs, config rendering. No JVM started."""
+"""Pure logic of infra.local.services: pid files, ownership, ports, logs, config rendering. No JVM started."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.errors import PortInUse, ServiceFailed, StackError
-from infra.services import java, maven, process
-from infra.services.base import Probe, Service
-from infra.services.cassandra import POM as CASSANDRA_POM
-from infra.services.cassandra import YAML_TEMPLATE, render_yaml
-from infra.services.kafka import POM as KAFKA_POM
-from infra.services.kafka import random_cluster_id, render_properties, running_version, server_properties
-from infra.services.redis import redis_conf
-from infra.settings import Ports, Settings
+from infra.config.settings import Ports, Settings
+from infra.local.errors import PortInUse, ServiceFailed, StackError
+from infra.local.services import java, maven, process
+from infra.local.services.base import Probe, Service
+from infra.local.services.cassandra import POM as CASSANDRA_POM
+from infra.local.services.cassandra import YAML_TEMPLATE, render_yaml
+from infra.local.services.kafka import POM as KAFKA_POM
+from infra.local.services.kafka import random_cluster_id, render_properties, running_version, server_properties
+from infra.local.services.redis import redis_conf
 
 SLEEP = "/bin/sleep" if os.path.exists("/bin/sleep") else "/usr/bin/sleep"
 
@@ -282,7 +282,7 @@ def test_redis_conf_is_loopback_and_append_only(tmp_path: Path) -> None:
 
 
 def test_service_layout_lives_under_state_dir(tmp_path: Path) -> None:
-    from infra.stack import services
+    from infra.local.stack import services
 
     settings = Settings(state_dir=tmp_path / "state", cache_dir=tmp_path / "cache", ports=Ports(kafka=1111))
     kafka, cassandra, redis = services(settings)

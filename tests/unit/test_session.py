@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from infra.settings import Settings
+from infra.config.settings import Settings
 from producers.gateway.app import create_app
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from consumers.stage import Out, Stage
-from infra.settings import Settings
+from infra.config.settings import Settings
 from schemas import CancelRequested, encode
 
 

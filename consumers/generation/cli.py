@@ -1,0 +1,45 @@
+"""``parley worker --pool NAME``: one generation worker (one vLLM engine, one replica of the pool)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from consumers.generation.plan import Limits
+from consumers.generation.worker import GenerationWorker
+from infra.config import logs as logconfig
+from infra.config.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("--pool", default="large", help="model pool this worker serves (infra/config/pools.toml)")
+    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: any free one)")
+    parser.add_argument("--capacity", type=int, default=None, help="requests held at once (default: max_num_seqs)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logconfig.configure()
+    from infra.local.model import ready_pool
+
+    settings = Settings.from_env()
+    pool = ready_pool(args.pool, settings)
+    asyncio.run(_serve(settings, pool, args))
+    return 0
+
+
+async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> None:
+    from consumers.generation.engine import VllmEngine
+
+    engine = VllmEngine(pool)  # type: ignore[arg-type]
+    limits = Limits(pool.name, pool.served_model_name, pool.max_model_len)  # type: ignore[attr-defined]
+    worker = GenerationWorker(settings, limits, engine, args.capacity or pool.max_num_seqs,  # type: ignore[attr-defined]
+                              metrics_port=args.metrics_port,
+                              on_ready=lambda w: print(f"worker ready pool={pool.name} "  # type: ignore[attr-defined]
+                                                       f"metrics_port={w.metrics_port}", flush=True))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    try:
+        await worker.run()
+    finally:
+        await engine.close()

@@ -1,0 +1,346 @@
+"""Generation worker (group ``worker.<pool>``): consumes ``generate.<pool>.paid`` then ``.free``,
+runs each request on the engine, appends ``GenerationStarted`` / ``TokensAppended`` /
+``GenerationFinished`` to ``chat.tokens`` and the finish to ``chat.replies``.
+
+Hears every ``CancelRequested`` on ``chat.control`` (no group: a broadcast) and aborts
+the sequence before the engine's next step. Offsets are committed only past requests
+that have finished. A redelivered request that another worker had started is
+continued from the tokens it saved.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from consumers.generation.engine import Sampling
+from consumers.generation.metrics import WorkerMetrics
+from consumers.generation.offsets import OffsetTracker
+from consumers.generation.plan import Finish, Generate, Limits, finished_event, plan, status_for
+from consumers.generation.recovery import Saved, read_saved
+from infra.config.settings import Settings
+from infra.stores import keys
+from schemas import (
+    CancelRequested,
+    GenerationRequested,
+    GenerationStarted,
+    TokensAppended,
+    Usage,
+    decode,
+    encode,
+)
+from schemas.errors import EventDecodeError
+from topics import Topics
+from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer, send, topic_partitions
+
+log = logging.getLogger(__name__)
+CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, worker: GenerationWorker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.worker.commit()
+        self.worker.tracker.forget(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        log.info("worker %s assigned %s", self.worker.worker_id, sorted(f"{t.topic}[{t.partition}]" for t in assigned))
+
+
+class GenerationWorker:
+    def __init__(self, settings: Settings, limits: Limits, engine: Any, capacity: int,
+                 worker_id: str | None = None, metrics_port: int | None = None,
+                 on_ready: Any = None) -> None:
+        self.on_ready = on_ready
+        self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
+        self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"
+        self.topics = Topics(settings.topic_prefix)
+        self.group = f"{settings.topic_prefix}worker.{limits.pool}"
+        self.paid, self.free = self.topics.generate(limits.pool, "paid"), self.topics.generate(limits.pool, "free")
+        self.tracker = OffsetTracker()
+        self.metrics = WorkerMetrics(limits.pool)
+        self.metrics_port = metrics_port
+        self.active: dict[str, asyncio.Task[None]] = {}
+        self.cancelled: dict[str, float] = {}  # generation_id -> when the cancel was heard
+        self._slot_freed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.producer = make_producer(settings.kafka_bootstrap)
+        self.consumer: AIOKafkaConsumer = make_consumer(
+            settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
+            session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
+        self.redis = aioredis.Redis.from_url(settings.redis_url)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        await self.producer.start()
+        self.consumer.subscribe([self.paid, self.free], listener=_Rebalance(self))
+        await self.consumer.start()
+        if self.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(self.metrics_port)
+        control = asyncio.create_task(self._control_loop(), name="control")
+        stats = asyncio.create_task(self._stats_loop(), name="stats")
+        log.info("worker %s serving pool %s, capacity %d, metrics on port %s", self.worker_id, self.limits.pool,
+                 self.capacity, self.metrics_port)
+        if self.on_ready is not None:
+            self.on_ready(self)
+        try:
+            await self._fetch_loop()
+        finally:
+            control.cancel()
+            stats.cancel()
+            await self._shutdown()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _shutdown(self) -> None:
+        for task in list(self.active.values()):
+            task.cancel()
+        await asyncio.gather(*self.active.values(), return_exceptions=True)
+        await self.commit()
+        await self.consumer.stop()
+        await self.producer.stop()
+        await self.redis.aclose()
+
+    # -- fetching: paid lane first, never more than the engine batches -----------------------------------
+    async def _fetch_loop(self) -> None:
+        while not self._stopping.is_set():
+            slots = self.capacity - len(self.active)
+            if slots <= 0:
+                self.consumer.pause(*self.consumer.assignment())
+                self._slot_freed.clear()
+                await _wait_any(self._slot_freed, self._stopping, timeout=1.0)
+                await self.commit()
+                continue
+            self.consumer.resume(*self.consumer.assignment())
+            try:
+                polled = await self._poll(slots)
+            except (AssertionError, KafkaError) as exc:  # a rebalance moved partitions mid-poll: poll again
+                log.info("poll interrupted by a rebalance: %s", type(exc).__name__)
+                await asyncio.sleep(0.05)
+                continue
+            for tp, record in polled:
+                self.tracker.started(tp, record.offset)
+                self.active[f"{tp.topic}:{tp.partition}:{record.offset}"] = asyncio.create_task(
+                    self._serve(tp, record))
+            await self.commit()
+
+    async def _poll(self, slots: int) -> list[tuple[TopicPartition, Any]]:
+        assignment = self.consumer.assignment()
+        paid = [tp for tp in assignment if tp.topic == self.paid]
+        free = [tp for tp in assignment if tp.topic == self.free]
+        if paid:
+            got = await self.consumer.getmany(*paid, timeout_ms=0, max_records=slots)
+            if not got and await self._paid_waiting(paid):
+                # Paid records may exist but are not fetched yet: hold the free lane until the paid
+                # lane is known to be empty, however slow the fetch (a busy machine, a fresh start).
+                self.consumer.pause(*free)
+                return self._paid_first(await self.consumer.getmany(*paid, timeout_ms=50, max_records=slots))
+            if got:
+                return self._paid_first(got)
+        if not paid and not free:
+            await asyncio.sleep(0.05)  # no partitions yet: the group is still assigning them
+            return []
+        # The paid lane is drained: wait on both lanes at once, so whichever record comes first is picked
+        # up the moment its fetch answers (a paid record arriving now is not held behind a free-lane wait).
+        self.consumer.resume(*free)
+        return self._paid_first(await self.consumer.getmany(*paid, *free, timeout_ms=200, max_records=slots))
+
+    def _paid_first(self, got: dict[TopicPartition, list[Any]]) -> list[tuple[TopicPartition, Any]]:
+        order = sorted(got.items(), key=lambda i: (i[0].topic != self.paid, i[0].partition))
+        return [(tp, r) for tp, records in order for r in records]
+
+    async def _paid_waiting(self, paid: list[TopicPartition]) -> bool:
+        for tp in paid:
+            high = self.consumer.highwater(tp)
+            if high is None or high > await self.consumer.position(tp):
+                return True  # unknown until the first fetch answers: assume paid work may be there
+        return False
+
+    async def commit(self) -> None:
+        offsets = self.tracker.committable()
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)  # type: ignore[arg-type]
+            self.tracker.mark_committed(offsets)
+        except Exception as exc:  # noqa: BLE001 - a failed commit is retried on the next pass
+            log.warning("commit failed, will retry: %s", exc)
+
+    # -- one request -------------------------------------------------------------------------------------
+    async def _serve(self, tp: TopicPartition, record: Any) -> None:
+        key = f"{tp.topic}:{tp.partition}:{record.offset}"
+        try:
+            req = await decode_or_deadletter(record, self.producer, self.topics, self.group, (GenerationRequested,))
+            if req is not None:
+                await self._generate(req)  # type: ignore[arg-type]
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - one bad request must not take the worker down
+            log.exception("request at %s failed outside the engine", key)
+        finally:
+            self.tracker.finished(tp, record.offset)
+            self.active.pop(key, None)
+            self._slot_freed.set()
+
+    async def _generate(self, req: GenerationRequested) -> None:
+        picked_at = time.time()
+        saved = await self._saved(req)
+        decision = plan(req, self.limits, req.generation_id in self.cancelled, saved)
+        if isinstance(decision, Finish):
+            await self._finish_early(req, decision, saved)
+            return
+        if decision.resumed:
+            self.metrics.recoveries.inc()
+            log.info("generation %s resumed at seq %d with %d saved tokens", req.generation_id,
+                     decision.first_seq, len(saved.token_ids))
+        await self._stream(req, decision, saved, picked_at)
+
+    async def _saved(self, req: GenerationRequested) -> Saved:
+        started_ms = await self.redis.get(keys.generation_started(req.generation_id))
+        if started_ms is None:
+            return Saved()
+        return await read_saved(self.settings.kafka_bootstrap, self.topics.tokens, req.generation_id,
+                                int(started_ms) - 5_000)
+
+    async def _stream(self, req: GenerationRequested, gen: Generate, saved: Saved, picked_at: float) -> None:
+        seq, text, pending = gen.first_seq, [saved.text], []
+        completion = len(saved.token_ids)
+        prompt_tokens, cached, finish_reason = len(req.prompt_token_ids), 0, None
+        first_token_at = saved.started.first_token_at if saved.started else 0.0
+        announced, last_append = saved.started is not None, 0.0
+        try:
+            sampling = Sampling(temperature=req.temperature, top_p=0.95 if req.temperature > 0 else 1.0)
+            async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
+                                                  gen.priority, sampling):
+                now = time.time()
+                if req.generation_id in self.cancelled:
+                    await self.engine.abort(req.generation_id)  # the cancel raced the engine's admission
+                if not last_append:
+                    cached = out.cached_prompt_tokens
+                    self.metrics.ttft.observe(now - picked_at)
+                    self.metrics.prompt_seen(prompt_tokens, cached)
+                if not announced:
+                    announced, first_token_at = True, now
+                    pending.append(await self._started(req, first_token_at, cached, gen.resumed))
+                if out.token_ids or out.text:
+                    pending.append(await self.producer.send(self.topics.tokens, encode(TokensAppended(
+                        generation_id=req.generation_id, conversation_id=req.conversation_id,
+                        user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids))),
+                        key=req.generation_id.encode()))
+                    seq += 1
+                    text.append(out.text)
+                    completion += len(out.token_ids)
+                    self.metrics.tokens.inc(len(out.token_ids))
+                if last_append:
+                    self.metrics.itl.observe(now - last_append)
+                last_append = now
+                if out.finished:
+                    finish_reason = out.finish_reason
+                    break
+            status, reason = status_for(finish_reason, req.generation_id in self.cancelled), ""
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - engine errors end this reply, not the worker
+            log.exception("generation %s failed in the engine", req.generation_id)
+            status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
+        await asyncio.gather(*pending)
+        if status == "stopped":
+            self.metrics.aborts.inc()
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion, cached_prompt_tokens=cached)
+        await self._finish(finished_event(req, self.limits, self.worker_id, status, "".join(text), usage,
+                                          seq - 1, reason, picked_at, first_token_at))
+
+    async def _started(self, req: GenerationRequested, first_token_at: float, cached: int,
+                       resumed: bool) -> asyncio.Future[Any]:
+        """Mark the generation started (recovery reads saved tokens only after this marker) and hand its
+        ``GenerationStarted`` to the producer; the first token goes out behind it without waiting for its ack."""
+        await self.redis.set(keys.generation_started(req.generation_id), int(first_token_at * 1000), ex=900)
+        return await enqueue(self.producer, self.topics.tokens, GenerationStarted(
+            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
+            message_id=req.message_id, model=self.limits.model, pool=self.limits.pool, worker_id=self.worker_id,
+            first_token_at=first_token_at, prompt_tokens=len(req.prompt_token_ids), cached_prompt_tokens=cached,
+            resumed=resumed), key=req.generation_id)
+
+    async def _finish_early(self, req: GenerationRequested, decision: Finish, saved: Saved) -> None:
+        if saved.finished is not None:
+            # The previous worker finished but died before committing: announce the same finish again
+            # on the replies topic (its readers skip duplicates); chat.tokens already has it.
+            await send(self.producer, self.topics.replies, saved.finished, key=req.conversation_id)
+            return
+        if decision.status == "failed":
+            self.metrics.failures.inc()
+            log.warning("generation %s refused: %s", req.generation_id, decision.reason)
+        usage = Usage(prompt_tokens=len(req.prompt_token_ids), completion_tokens=len(saved.token_ids))
+        await self._finish(finished_event(req, self.limits, self.worker_id, decision.status, saved.text, usage,
+                                          saved.next_seq - 1, decision.reason))
+
+    async def _finish(self, event: Any) -> None:
+        # chat.tokens first: a recovering worker treats a finish there as final.
+        await send(self.producer, self.topics.tokens, event, key=event.generation_id)
+        await send(self.producer, self.topics.replies, event, key=event.conversation_id)
+        if event.status == "failed":
+            self.metrics.failures.inc()
+        log.info("generation %s %s: %d prompt / %d completion tokens, %d cached", event.generation_id,
+                 event.status, event.usage.prompt_tokens, event.usage.completion_tokens,
+                 event.usage.cached_prompt_tokens)
+
+    # -- cancels -----------------------------------------------------------------------------------------
+    async def _control_loop(self) -> None:
+        reader = make_consumer(self.settings.kafka_bootstrap, group_id=None)
+        await reader.start()
+        try:
+            parts = await topic_partitions(reader, self.topics.control)
+            tps = [TopicPartition(self.topics.control, p) for p in parts]
+            reader.assign(tps)
+            since = int((time.time() - CANCEL_MEMORY_S) * 1000)
+            for tp, found in (await reader.offsets_for_times({tp: since for tp in tps})).items():
+                if found is not None:
+                    reader.seek(tp, found.offset)
+                else:
+                    await reader.seek_to_end(tp)
+            async for record in reader:
+                await self._on_control(record)
+        finally:
+            await reader.stop()
+
+    async def _on_control(self, record: Any) -> None:
+        try:
+            event = decode(record.value, (CancelRequested,))
+        except EventDecodeError:
+            return  # the dead-letter copy is made by the control topic's producers' tests, not by every worker
+        gid = event.generation_id  # type: ignore[attr-defined]
+        self.cancelled[gid] = time.time()
+        await self.engine.abort(gid)
+        self._forget_old_cancels()
+
+    def _forget_old_cancels(self) -> None:
+        horizon = time.time() - CANCEL_MEMORY_S
+        for gid in [g for g, at in self.cancelled.items() if at < horizon]:
+            del self.cancelled[gid]
+
+    async def _stats_loop(self) -> None:
+        while True:
+            stats = self.engine.stats()
+            self.metrics.running.set(stats.get("running", len(self.active)))
+            self.metrics.waiting.set(stats.get("waiting", 0))
+            self.metrics.kv_usage.set(stats.get("kv_cache_usage", 0.0))
+            await asyncio.sleep(1.0)
+
+
+async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()

@@ -1,0 +1,174 @@
+"""Prompt build stage (group ``prompt``): ``RequestAdmitted`` on ``chat.admitted`` ->
+``PromptBuilt`` on ``chat.prompts``.
+
+Saves the user message in Cassandra *before* generation (key conversation + turn),
+claims the client_message_id (a retried request joins the first one's generation),
+loads history, fits it to the token budget with the model's own tokenizer, and
+asks the small pool for a summary when older turns fall out.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from consumers.prompt.fit import Turn, fit, fit_history
+from consumers.stage import Out
+from infra.stores.conversations import Conversations, Message
+from infra.stores.records import Records
+from schemas import GenerationRequested, PromptBuilt, RequestAdmitted, RequestRefused
+from topics import Topics
+
+log = logging.getLogger(__name__)
+SUMMARY_INSTRUCTION = "Summarise this conversation in at most five sentences, keeping names, numbers and decisions."
+
+
+class PromptBuilder:
+    def __init__(self, conversations: Conversations, records: Records, topics: Topics,
+                 tokenizer_for_pool: Callable[[str], Any], budget: int, max_model_len: Callable[[str], int],
+                 quota: Any = None) -> None:
+        self.conversations, self.records, self.topics = conversations, records, topics
+        self.tokenizer_for_pool, self.budget, self.max_model_len = tokenizer_for_pool, budget, max_model_len
+        self.quota = quota
+
+    async def handle(self, req: RequestAdmitted) -> list[Out]:
+        began = time.perf_counter()
+        # Independent reads together: the stage's latency is its round trips to Cassandra.
+        history, summary = await asyncio.gather(
+            self.conversations.all_messages(req.conversation_id),
+            self.records.latest_summary(req.conversation_id) if req.history is None else _none())
+        read_at = time.perf_counter()
+        turn, user_message = self._place(req, history)
+        if user_message is None:
+            return []  # regenerating a message that is not there
+        built = self._build(req, history, summary, turn, user_message.content)
+        if isinstance(built, Out):
+            return [built]
+        ids, fitted, turns = built
+        # The user message is saved before generation begins (before PromptBuilt is produced). The durable
+        # client_message_id claim runs beside those writes: it only loses to a retry the gateway's own
+        # claim (Redis) missed, and then the rows written here are taken back.
+        claim = None if req.regenerate else asyncio.ensure_future(self.conversations.claim_client_message(
+            req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn))
+        await asyncio.gather(*self._writes(req, turn, user_message, history, len(ids)))
+        if claim is not None:
+            won = await claim
+            if won.generation_id != req.generation_id:
+                await self._take_back(req, turn, user_message)
+                log.info("generation %s: client_message_id already answered by generation %s", req.generation_id,
+                         won.generation_id)
+                return []
+            if won.turn != turn:  # a redelivery after a later message moved the next turn: keep the first one
+                await self._take_back(req, turn, user_message)
+                turn, user_message = won.turn, dataclasses.replace(user_message, turn=won.turn)
+                built = self._build(req, history, summary, turn, user_message.content)
+                if isinstance(built, Out):
+                    return [built]
+                ids, fitted, turns = built
+                await asyncio.gather(*self._writes(req, turn, user_message, history, len(ids)))
+        context = self.max_model_len(req.pool)
+        outs = [Out(self.topics.prompts, PromptBuilt(
+            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
+            plan=req.plan, pool=req.pool, user_message_id=user_message.message_id,
+            assistant_message_id=req.generation_id, turn=turn, prompt_token_ids=ids,
+            max_tokens=min(req.reply_cap, context - len(ids) - 1), reserved_tokens=req.reserved_tokens,
+            turns_kept=fitted.turns_kept, summary_used=fitted.summary_used, route_reason=req.route_reason,
+            temperature=req.temperature, question=user_message.content[:500]), req.conversation_id)]
+        if req.history is None and fitted.dropped_upto_turn is not None and (
+                summary is None or summary.upto_turn < fitted.dropped_upto_turn):
+            outs.append(self._summary_request(req, turns, fitted.dropped_upto_turn,
+                                              self.tokenizer_for_pool(req.pool), context))
+        done = time.perf_counter()
+        log.info("generation %s prompt built: turn %d, %d tokens, %d turns kept, summary %s", req.generation_id,
+                 turn, len(ids), fitted.turns_kept, fitted.summary_used)
+        log.debug("generation %s prompt stage: reads %.1f ms, build+writes+claim %.1f ms", req.generation_id,
+                  (read_at - began) * 1000, (done - read_at) * 1000)
+        return outs
+
+    def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message | None]:
+        """The turn to answer and its user message (None when regenerating a message that is not there)."""
+        if req.regenerate:
+            parent = next((m for m in history if m.message_id == req.parent_id and m.role == "user"), None)
+            return (parent.turn, parent) if parent is not None else (-1, None)
+        turn = max((m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
+        return turn, Message(req.conversation_id, turn, req.message_id, "user", req.content, status="complete",
+                             generation_id=req.generation_id, client_message_id=req.client_message_id,
+                             created_at=datetime.now(UTC))
+
+    def _build(self, req: RequestAdmitted, history: list[Message], summary: Any, turn: int,
+               user_text: str) -> tuple[list[int], Any, list[Turn]] | Out:
+        """The prompt's token ids (or the refusal when it cannot fit the model)."""
+        tok = self.tokenizer_for_pool(req.pool)
+        turns: list[Turn] = []
+        if req.history is not None:  # the client sent the whole history (OpenAI-compatible API)
+            fitted = fit_history([(t.role, t.content) for t in req.history], tok.count, self.budget)
+        else:
+            turns = _turns(history, turn, user_text)
+            fitted = fit(turns, tok.count, self.budget, (summary.upto_turn, summary.summary) if summary else None)
+        ids = tok.chat_ids(fitted.messages)
+        context = self.max_model_len(req.pool)
+        if len(ids) + 1 > context:
+            return self._refuse(req, f"Your message is {len(ids)} tokens with the instructions; the model "
+                                     f"reads at most {context}. Shorten it and send again.")
+        return ids, fitted, turns
+
+    def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
+                prompt_tokens: int) -> list[Awaitable[Any]]:
+        writes: list[Awaitable[Any]] = [self._save_placeholder(req, turn, user_message.message_id, history)]
+        if not req.regenerate:
+            writes.append(self.conversations.save_message(user_message))
+        if self.quota is not None:
+            writes.append(self.quota.true_up(req.generation_id, prompt_tokens))  # estimate -> real prompt size
+        return writes
+
+    async def _take_back(self, req: RequestAdmitted, turn: int, user_message: Message) -> None:
+        """Remove the rows this record wrote at ``turn``: another generation owns the message."""
+        await asyncio.gather(self.conversations.delete_message(req.conversation_id, turn, req.generation_id),
+                             self.conversations.delete_message(req.conversation_id, turn, user_message.message_id))
+
+    async def _save_placeholder(self, req: RequestAdmitted, turn: int, user_message_id: str,
+                                history: list[Message]) -> None:
+        """An assistant row marked ``generating``: a reopened conversation can attach to the live reply."""
+        existing = next((m for m in history if m.message_id == req.generation_id), None)
+        if existing is not None and existing.status != "generating":
+            return  # already finished (this record is a redelivery): never overwrite the saved reply
+        await self.conversations.save_message(Message(
+            req.conversation_id, turn, req.generation_id, "assistant", "", status="generating", pool=req.pool,
+            parent_id=user_message_id, generation_id=req.generation_id, route_reason=req.route_reason,
+            created_at=datetime.now(UTC)))
+
+    def _refuse(self, req: RequestAdmitted, message: str) -> Out:
+        return Out(self.topics.tokens, RequestRefused(
+            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
+            reason="too_long", message=message, status=413), req.generation_id)
+
+    def _summary_request(self, req: RequestAdmitted, turns: list[Turn], upto: int, tok: Any, context: int) -> Out:
+        lines = [f"User: {t.user}\nAssistant: {t.assistant}" for t in turns if t.turn <= upto]
+        body = "\n".join(lines)
+        while lines and tok.count(body) > context // 2:
+            lines.pop(0)  # the oldest lines go first; the summary covers what fits
+            body = "\n".join(lines)
+        ids = tok.chat_ids([{"role": "system", "content": SUMMARY_INSTRUCTION}, {"role": "user", "content": body}])
+        return Out(self.topics.generate("small", "free"), GenerationRequested(
+            generation_id=f"{req.generation_id}:summary", conversation_id=req.conversation_id,
+            user_id=req.user_id, plan=req.plan, pool="small", lane="free", prompt_token_ids=ids,
+            max_tokens=160, priority=20, turn=upto, purpose="summary", temperature=0.0), req.conversation_id)
+
+
+def _turns(history: list[Message], current_turn: int, current_text: str) -> list[Turn]:
+    """One (user, newest finished assistant) pair per earlier turn, then the turn to answer."""
+    users = {m.turn: m.content for m in history if m.role == "user" and m.turn < current_turn}
+    replies: dict[int, str] = {}
+    for m in history:  # oldest first, so the newest sibling wins
+        if m.role == "assistant" and m.turn < current_turn and m.status in ("complete", "stopped", "length"):
+            replies[m.turn] = m.content
+    earlier = [Turn(t, users[t], replies.get(t, "")) for t in sorted(users)]
+    return earlier + [Turn(current_turn, current_text, None)]
+
+
+async def _none() -> None:
+    return None

@@ -1,0 +1,162 @@
+"""Queue per plan (group ``scheduler``): ``PromptBuilt`` on ``chat.prompts`` ->
+``GenerationRequested`` on ``generate.<pool>.<lane>`` and ``GenerationQueued`` on ``chat.tokens``
+(or ``RequestRefused`` when every pool is past the plan's wait limit).
+
+Follows ``chat.replies`` to learn the service rate. Picks the partition (the replica)
+by consistent hashing on the conversation, so follow-up turns find their prefix cache,
+unless that replica's queue is much longer than the others'.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from consumers.scheduler.canned import CANNED_MODEL, CANNED_POOL, CannedReplies
+from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
+from consumers.stage import Out, Stage
+from infra.config.plans import Plan
+from infra.config.settings import Settings
+from schemas import (
+    GenerationFinished,
+    GenerationQueued,
+    GenerationRequested,
+    PromptBuilt,
+    RequestRefused,
+    Usage,
+    decode,
+)
+from schemas.errors import EventDecodeError
+from topics import BY_NAME, Topics, generate_topic_name
+from topics.clients import make_consumer
+from topics.partitioning import partition_for
+
+log = logging.getLogger(__name__)
+HOT_REPLICA_MARGIN = 4  # requests more than the least-loaded replica before affinity gives way
+
+
+class Scheduler:
+    def __init__(self, topics: Topics, queues: Queues, plans: dict[str, Plan], models: dict[str, str],
+                 canned: CannedReplies | None = None) -> None:
+        self.topics, self.queues, self.plans, self.models = topics, queues, plans, models
+        self.canned = canned
+        self.partition_load: dict[str, Counter[int]] = {}
+        self.placed: dict[str, tuple[str, int]] = {}
+
+    async def handle(self, p: PromptBuilt) -> list[Out]:
+        plan = self.plans[p.plan]
+        if p.pool not in self.queues.pools:
+            return [self._refuse(p, 422, f"Unknown model pool {p.pool!r}. Choose one of: "
+                                         f"{', '.join(sorted(self.queues.pools))}.", None)]
+        decision = self.queues.route(p.pool, plan.lane, plan.queue_wait_limit_s, p.route_reason)
+        if isinstance(decision, Refuse):
+            prepared = self.canned.reply_for(p.question) if self.canned else None
+            if prepared is not None:
+                log.info("generation %s served a prepared reply: every pool past the %s limit", p.generation_id,
+                         p.plan)
+                return self._prepared(p, prepared)
+            log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
+            return [self._refuse(p, 503, decision.message, max(1.0, decision.wait_s - plan.queue_wait_limit_s))]
+        topic = self.topics.generate(decision.pool, decision.lane)
+        partition = self._partition(topic, decision.pool, decision.lane, p.conversation_id)
+        self.queues.enqueued(p.generation_id, decision.pool, decision.lane)
+        self.placed[p.generation_id] = (topic, partition)
+        self.partition_load.setdefault(topic, Counter())[partition] += 1
+        model = self.models[decision.pool]
+        log.info("generation %s -> %s[%d] position %d wait %.1fs (%s)", p.generation_id, topic, partition,
+                 decision.position, decision.wait_s, decision.reason)
+        return [
+            Out(self.topics.tokens, GenerationQueued(
+                generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
+                pool=decision.pool, model=model, lane=decision.lane,  # type: ignore[arg-type]
+                position=decision.position, estimated_wait_s=round(decision.wait_s, 1),
+                message_id=p.assistant_message_id), p.generation_id),
+            Out(topic, GenerationRequested(
+                generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
+                plan=p.plan, pool=decision.pool, lane=decision.lane,  # type: ignore[arg-type]
+                prompt_token_ids=p.prompt_token_ids, max_tokens=p.max_tokens,
+                priority=0 if decision.lane == "paid" else 10, message_id=p.assistant_message_id, turn=p.turn,
+                parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
+                route_reason=decision.reason if decision.reason == "overflow" else p.route_reason,
+                enqueued_at=time.time(), **_temperature(p)),
+                p.conversation_id, partition),
+        ]
+
+    def _prepared(self, p: PromptBuilt, text: str) -> list[Out]:
+        """The last-resort tier: start and finish at once, saying plainly that no model answered."""
+        queued = GenerationQueued(generation_id=p.generation_id, conversation_id=p.conversation_id,
+                                  user_id=p.user_id, pool=CANNED_POOL, model=CANNED_MODEL, lane="free", position=0,
+                                  estimated_wait_s=0.0, message_id=p.assistant_message_id)
+        done = GenerationFinished(
+            generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id, plan=p.plan,
+            message_id=p.assistant_message_id, turn=p.turn, parent_id=p.user_message_id, status="complete",
+            text=text, usage=Usage(prompt_tokens=0, completion_tokens=0), model=CANNED_MODEL, pool=CANNED_POOL,
+            worker_id="scheduler", reserved_tokens=p.reserved_tokens, route_reason="canned")
+        return [Out(self.topics.tokens, queued, p.generation_id), Out(self.topics.tokens, done, p.generation_id),
+                Out(self.topics.replies, done, p.conversation_id)]
+
+    def _partition(self, topic: str, pool: str, lane: str, conversation_id: str) -> int:
+        n = BY_NAME[generate_topic_name(pool, lane)].partitions
+        home = partition_for(conversation_id, n)
+        load = self.partition_load.setdefault(topic, Counter())
+        coolest = min(range(n), key=lambda i: load[i])
+        return coolest if load[home] - load[coolest] > HOT_REPLICA_MARGIN else home
+
+    def finished(self, generation_id: str) -> None:
+        self.queues.finished(generation_id)
+        placed = self.placed.pop(generation_id, None)
+        if placed:
+            self.partition_load[placed[0]][placed[1]] -= 1
+
+    def _refuse(self, p: PromptBuilt, status: int, message: str, retry_after: float | None) -> Out:
+        return Out(self.topics.tokens, RequestRefused(
+            generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
+            reason="overloaded" if status == 503 else "invalid", message=message, status=status,
+            retry_after_s=retry_after), p.generation_id)
+
+
+class SchedulerStage:
+    """The scheduler's stage plus its follower of ``chat.replies`` (completions feed the service rate)."""
+
+    name = "scheduler"
+
+    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any]) -> None:
+        self.settings = settings
+        topics = Topics(settings.topic_prefix)
+        queues = Queues({name: PoolLoad(capacity=cfg.max_num_seqs, prior_rate=max(cfg.max_num_seqs / 20, 0.1))
+                         for name, cfg in pools.items()})
+        self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
+                                   CannedReplies.load())
+        self.stage = Stage("scheduler", settings, "prompts", (PromptBuilt,), self.scheduler.handle)
+        self._follower: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        self._follower = asyncio.create_task(self._follow_replies())
+        try:
+            await self.stage.run()
+        finally:
+            self._follower.cancel()
+
+    def stop(self) -> None:
+        self.stage.stop()
+
+    async def _follow_replies(self) -> None:
+        consumer = make_consumer(self.settings.kafka_bootstrap, Topics(self.settings.topic_prefix).replies,
+                                 group_id=None, auto_offset_reset="latest")
+        await consumer.start()
+        try:
+            async for record in consumer:
+                try:
+                    event = decode(record.value, (GenerationFinished,))
+                except EventDecodeError:
+                    continue  # the persistence stage dead-letters it
+                self.scheduler.finished(event.generation_id)  # type: ignore[attr-defined]
+        finally:
+            await consumer.stop()
+
+
+def _temperature(p: PromptBuilt) -> dict[str, Any]:
+    """The request's own temperature, or nothing (the event's default) when it named none."""
+    return {} if p.temperature is None else {"temperature": p.temperature}

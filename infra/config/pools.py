@@ -1,0 +1,179 @@
+"""Engine pools: which model each pool serves and how its vLLM engine is sized.
+
+Read once per process from ``infra/config/pools.toml`` (or the file named by ``PARLEY_POOLS_FILE``), with one
+field of one pool overridable by ``PARLEY_POOL_<NAME>_<FIELD>`` (e.g. ``PARLEY_POOL_LARGE_MAX_SEQS=32``).
+Reading the configuration never touches model weights: ``infra.local.model.ready_pool`` converts the
+default model on first use.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from infra.config.settings import Settings
+
+DEFAULT_FILE = Path(__file__).with_name("pools.toml")
+ENV_FILE = "PARLEY_POOLS_FILE"
+ENV_PREFIX = "PARLEY_POOL_"
+# env suffix -> field; the names people type, not always the field's own
+ENV_FIELDS = {
+    "MODEL_DIR": "model_dir",
+    "SERVED_MODEL_NAME": "served_model_name",
+    "MAX_MODEL_LEN": "max_model_len",
+    "MAX_SEQS": "max_num_seqs",
+    "MAX_BATCHED_TOKENS": "max_num_batched_tokens",
+    "ENFORCE_EAGER": "enforce_eager",
+    "KV_CACHE_GIB": "kv_cache_gib",
+    "PREFIX_CACHING": "enable_prefix_caching",
+    "SCHEDULING_POLICY": "scheduling_policy",
+    "DTYPE": "dtype",
+}
+
+
+class PoolConfigError(ValueError):
+    """The pools file or a PARLEY_POOL_* variable is wrong; the message names which and why."""
+
+
+class UnknownPoolError(PoolConfigError, LookupError):
+    def __init__(self, name: str, valid: list[str], source: str) -> None:
+        self.name, self.valid = name, valid
+        super().__init__(f"unknown pool {name!r}; valid pools: {', '.join(valid)} (from {source})")
+
+
+class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    model_dir: str  # absolute; the converted SmolLM2 folder unless configured
+    uses_default_model: bool
+    served_model_name: str
+    max_num_seqs: int
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 256
+    enforce_eager: bool = True
+    kv_cache_gib: float = 2.0
+    enable_prefix_caching: bool = True
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    dtype: str = "bfloat16"
+    lane_priority: dict[str, int] = msgspec.field(default_factory=lambda: {"paid": 0, "free": 10})
+    description: str = ""
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.model_dir)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return int(self.kv_cache_gib * 2**30)
+
+    def priority_for(self, lane: str) -> int:
+        """vLLM priority for a plan lane (lower runs first); unknown lanes queue behind known ones."""
+        return self.lane_priority.get(lane, max(self.lane_priority.values(), default=0) + 1)
+
+
+def load_pools(
+    settings: Settings, environ: Mapping[str, str] | None = None, *, on_gpu: bool | None = None
+) -> dict[str, PoolConfig]:
+    """Every pool, file values merged with environment overrides; raises PoolConfigError."""
+    environ = os.environ if environ is None else environ
+    path = Path(environ.get(ENV_FILE) or DEFAULT_FILE).expanduser()
+    defaults, tables = _read_file(path)
+    overrides = _env_overrides(environ, list(tables), str(path))
+    on_gpu = shutil.which("nvidia-smi") is not None if on_gpu is None else on_gpu
+    return {
+        name: _build(name, {**defaults, **table, **overrides.get(name, {})}, settings, path, on_gpu)
+        for name, table in tables.items()
+    }
+
+
+def pool_config(name: str, pools: Mapping[str, PoolConfig], source: str = str(DEFAULT_FILE)) -> PoolConfig:
+    try:
+        return pools[name]
+    except KeyError:
+        raise UnknownPoolError(name, sorted(pools), source) from None
+
+
+def load_pool(name: str, settings: Settings, *, environ: Mapping[str, str] | None = None) -> PoolConfig:
+    """One pool's config; a configured (non-default) model folder must be a Hugging Face folder."""
+    environ = os.environ if environ is None else environ
+    pool = pool_config(name, load_pools(settings, environ), environ.get(ENV_FILE) or str(DEFAULT_FILE))
+    if not pool.uses_default_model and not (pool.model_path / "config.json").is_file():
+        raise PoolConfigError(f"pool {name!r}: {pool.model_dir} is not a Hugging Face model folder")
+    return pool
+
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_model_dir(settings: Settings) -> Path:
+    """Where the demo model is converted to (``infra.local.model``), under the cache dir."""
+    return settings.cache_dir / "models" / MODEL_NAME
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise PoolConfigError(f"pools file {path} does not exist (set {ENV_FILE} or restore it)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PoolConfigError(f"pools file {path} is not valid TOML: {exc}") from exc
+    tables = raw.get("pools") or {}
+    if not isinstance(tables, dict) or not tables:
+        raise PoolConfigError(f"pools file {path} declares no [pools.<name>] table")
+    return dict(raw.get("defaults") or {}), tables
+
+
+def _env_overrides(environ: Mapping[str, str], names: list[str], source: str) -> dict[str, dict[str, str]]:
+    """PARLEY_POOL_<NAME>_<FIELD>=value -> {name: {field: value}}; strict about typos."""
+    by_prefix = {_env_name(name) + "_": name for name in names}
+    found: dict[str, dict[str, str]] = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        rest = key[len(ENV_PREFIX):]
+        prefix = max((p for p in by_prefix if rest.startswith(p)), key=len, default=None)
+        if prefix is None:
+            field = next((f for f in ENV_FIELDS if rest.endswith("_" + f)), "")
+            pool = rest[: len(rest) - len(field) - 1] if field else rest
+            raise UnknownPoolError(pool.lower(), sorted(names), f"{source}; set by {key}")
+        suffix = rest[len(prefix):]
+        if suffix not in ENV_FIELDS:
+            raise PoolConfigError(f"{key}: unknown field {suffix!r}; known: {', '.join(ENV_FIELDS)}")
+        found.setdefault(by_prefix[prefix], {})[ENV_FIELDS[suffix]] = value
+    return found
+
+
+def _env_name(pool: str) -> str:
+    return pool.upper().replace("-", "_")
+
+
+def _build(name: str, merged: dict[str, Any], settings: Settings, path: Path, on_gpu: bool) -> PoolConfig:
+    model_dir = str(merged.pop("model_dir", "") or "")
+    if model_dir:
+        resolved = (path.parent / Path(model_dir).expanduser()).resolve()
+    else:
+        resolved = default_model_dir(settings)
+    merged.update(name=name, model_dir=str(resolved), uses_default_model=not model_dir)
+    if merged.get("enforce_eager") in (None, ""):
+        merged["enforce_eager"] = not on_gpu  # compiling costs ~2 min on a CPU, pays off on a GPU
+    try:
+        pool = msgspec.convert(merged, PoolConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise PoolConfigError(f"pool {name!r} in {path} (or PARLEY_POOL_{_env_name(name)}_*): {exc}") from exc
+    if pool.max_num_seqs < 1 or pool.max_model_len < 1 or pool.kv_cache_gib <= 0:
+        raise PoolConfigError(f"pool {name!r}: max_num_seqs, max_model_len and kv_cache_gib must be positive")
+    return pool
+
+
+__all__ = [
+    "PoolConfig",
+    "PoolConfigError",
+    "UnknownPoolError",
+    "load_pool",
+    "load_pools",
+    "pool_config",
+]

@@ -1,1 +1,0 @@
-"""Cassandra access: a session with an asyncio bridge, and one repository per table family."""

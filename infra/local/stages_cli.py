@@ -1,0 +1,42 @@
+"""``parley stages``: every pipeline stage but the workers and the gateway, in one process.
+
+Each stage keeps its own consumer group, so any of them can later run as its own
+deployment (``--only NAME``) without changing a line.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from infra.config import logs as logconfig
+from infra.config.settings import Settings
+
+STAGES = ("admission", "prompt", "scheduler", "persistence", "settlement", "reaper", "usage-rollup", "abandoned")
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("--only", action="append", choices=STAGES, help="run just these stages (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logconfig.configure()
+    asyncio.run(_main(Settings.from_env(), tuple(args.only or STAGES)))
+    return 0
+
+
+async def _main(settings: Settings, names: tuple[str, ...]) -> None:
+    from consumers.stage import run_stages
+    from infra.local.wiring import build_stages
+
+    stages, close = await build_stages(settings, names)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: [s.stop() for s in stages])
+    print(f"stages ready: {', '.join(names)}", flush=True)
+    try:
+        await run_stages(*stages)
+    finally:
+        await close()
+
+

@@ -1,0 +1,73 @@
+"""Generations, daily usage and conversation summaries."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from infra.stores.session import AsyncSession
+
+
+@dataclass(frozen=True)
+class UsageDay:
+    user_id: str
+    day: str
+    tokens_in: int
+    tokens_out: int
+    tokens_cached: int
+    replies: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    conversation_id: str
+    upto_turn: int
+    summary: str
+    tokens: int
+
+
+def _ts(epoch: float | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, UTC) if epoch else None
+
+
+class Records:
+    def __init__(self, db: AsyncSession) -> None:
+        self.db = db
+
+    async def save_generation(self, *, generation_id: str, conversation_id: str, user_id: str, message_id: str,
+                              user_message_id: str, turn: int, status: str, model_pool: str, model: str = "",
+                              replica: str = "", queued_at: float | None = None,
+                              first_token_at: float | None = None, finished_at: float | None = None) -> None:
+        await self.db.execute(
+            "INSERT INTO generations (generation_id, conversation_id, user_id, message_id, user_message_id, turn, "
+            "status, model_pool, model, replica, queued_at, first_token_at, finished_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (generation_id, conversation_id, user_id, message_id, user_message_id, turn, status, model_pool,
+             model, replica, _ts(queued_at), _ts(first_token_at), _ts(finished_at)))
+
+    async def get_generation(self, generation_id: str) -> object | None:
+        rows = await self.db.execute("SELECT * FROM generations WHERE generation_id = ?", (generation_id,))
+        return rows[0] if rows else None
+
+    async def put_usage_day(self, u: UsageDay) -> None:
+        """Absolute values from the rollup's state: replaying the topic rewrites, never adds."""
+        await self.db.execute(
+            "INSERT INTO usage_by_day (user_id, day, tokens_in, tokens_out, tokens_cached, replies, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (u.user_id, u.day, u.tokens_in, u.tokens_out, u.tokens_cached, u.replies, datetime.now(UTC)))
+
+    async def usage_day(self, user_id: str, day: str) -> UsageDay | None:
+        rows = await self.db.execute(
+            "SELECT user_id, day, tokens_in, tokens_out, tokens_cached, replies FROM usage_by_day "
+            "WHERE user_id = ? AND day = ?", (user_id, day))
+        return UsageDay(*rows[0]) if rows else None
+
+    async def save_summary(self, s: Summary) -> None:
+        await self.db.execute(
+            "INSERT INTO summaries (conversation_id, upto_turn, summary, tokens, created_at) VALUES (?, ?, ?, ?, ?)",
+            (s.conversation_id, s.upto_turn, s.summary, s.tokens, datetime.now(UTC)))
+
+    async def latest_summary(self, conversation_id: str) -> Summary | None:
+        rows = await self.db.execute(
+            "SELECT conversation_id, upto_turn, summary, tokens FROM summaries WHERE conversation_id = ? LIMIT 1",
+            (conversation_id,))
+        return Summary(*rows[0]) if rows else None

@@ -1,0 +1,101 @@
+"""Connect to Cassandra and await its queries from asyncio.
+
+The driver's asyncio reactor is experimental, so we keep the default (libev)
+reactor and bridge each ``ResponseFuture`` onto the running loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
+from cassandra.policies import DCAwareRoundRobinPolicy
+from cassandra.query import PreparedStatement
+
+from infra.config.settings import Settings
+
+
+class _PreparedKeyspaceNotice(logging.Filter):
+    """Cassandra 5 warns on every statement prepared with a keyspace, even when no `USE` was issued
+    (the protocol's per-statement keyspace is exactly the unambiguous form it recommends)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`USE <keyspace>` with prepared statements" not in record.getMessage()
+
+
+logging.getLogger("cassandra.protocol").addFilter(_PreparedKeyspaceNotice())
+
+
+def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Session]:
+    """A cluster and a session; ``keyspace=""`` means the configured one, ``None`` means none."""
+    cluster = Cluster(
+        [settings.host],
+        port=settings.ports.cassandra,
+        execution_profiles={EXEC_PROFILE_DEFAULT: ExecutionProfile(
+            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"), request_timeout=30)},
+        protocol_version=5,
+        connect_timeout=10,
+    )
+    session = cluster.connect()
+    # No `USE`: AsyncSession names the keyspace on each prepared statement instead.
+    session.parley_keyspace = settings.keyspace if keyspace == "" else keyspace  # type: ignore[attr-defined]
+    return cluster, session
+
+
+class Page:
+    """One page of rows and the opaque state that fetches the next."""
+
+    def __init__(self, rows: list[Any], paging_state: bytes | None) -> None:
+        self.rows, self.paging_state = rows, paging_state
+
+
+class AsyncSession:
+    """Awaitable queries over a driver session; statements are prepared once and reused."""
+
+    def __init__(self, session: Session, keyspace: str | None = None) -> None:
+        self.session = session
+        self.keyspace = keyspace or getattr(session, "parley_keyspace", None) or session.keyspace
+        self._prepared: dict[str, PreparedStatement] = {}
+
+    def prepare(self, cql: str) -> PreparedStatement:
+        stmt = self._prepared.get(cql)
+        if stmt is None:
+            # Name the keyspace on the statement itself: unambiguous, and Cassandra 5 warns otherwise.
+            stmt = self._prepared[cql] = self.session.prepare(cql, keyspace=self.keyspace)
+        return stmt
+
+    async def execute(self, cql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return (await self.page(cql, params, fetch_size=None)).rows
+
+    async def page(self, cql: str, params: Sequence[Any] = (), fetch_size: int | None = 50,
+                   paging_state: bytes | None = None) -> Page:
+        bound = self.prepare(cql).bind(params)
+        bound.fetch_size = fetch_size
+        future = self.session.execute_async(bound, paging_state=paging_state)
+        return await _bridge(future)
+
+
+def _bridge(future: ResponseFuture) -> asyncio.Future[Page]:
+    loop = asyncio.get_running_loop()
+    result: asyncio.Future[Page] = loop.create_future()
+
+    def done(rows: list[Any]) -> None:
+        page = Page(list(rows or []), future._paging_state)  # noqa: SLF001 - the driver's only handle on it
+        loop.call_soon_threadsafe(_settle, result, page, None)
+
+    def failed(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(_settle, result, None, exc)
+
+    future.add_callbacks(done, failed)
+    return result
+
+
+def _settle(result: asyncio.Future[Page], page: Page | None, exc: BaseException | None) -> None:
+    if result.done():
+        return
+    if exc is not None:
+        result.set_exception(exc)
+    else:
+        result.set_result(page)  # type: ignore[arg-type]
