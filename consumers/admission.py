@@ -99,7 +99,7 @@ def decide(event: MessageSubmitted, outcome: Reservation | Refusal, rules: Admis
         plan=event.plan, message_id=event.message_id, client_message_id=event.client_message_id,
         content=event.content, pool=pool, parent_id=event.parent_id, regenerate=event.regenerate,
         reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
-        temperature=event.temperature, history=event.history)
+        temperature=event.temperature, history=event.history, sampling=event.sampling)
     return [Out(topics.admitted, admitted, event.conversation_id)]
 
 

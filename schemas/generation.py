@@ -7,6 +7,7 @@ import msgspec
 
 from schemas.base import Event
 from schemas.gateway import Plan
+from schemas.sampling import TokenLogprob
 from schemas.scheduler import Purpose
 
 Status = Literal["complete", "stopped", "length", "failed"]
@@ -37,6 +38,7 @@ class TokensAppended(Event, frozen=True, kw_only=True):
     seq: int  # per generation, from 0, no gaps
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None  # one per token id, only when the client asked
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

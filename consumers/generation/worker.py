@@ -20,11 +20,11 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from consumers.generation.engine import Sampling
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
 from consumers.generation.plan import Finish, Generate, Limits, finished_event, plan, status_for
 from consumers.generation.recovery import Saved, read_saved
+from consumers.generation.sampling import for_request
 from infra.config.settings import Settings
 from infra.stores import keys
 from schemas import (
@@ -219,7 +219,7 @@ class GenerationWorker:
         first_token_at = saved.started.first_token_at if saved.started else 0.0
         announced, last_append = saved.started is not None, 0.0
         try:
-            sampling = Sampling(temperature=req.temperature, top_p=0.95 if req.temperature > 0 else 1.0)
+            sampling = for_request(req, saved_tokens=len(saved.token_ids))
             async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
                                                   gen.priority, sampling):
                 now = time.time()
@@ -235,7 +235,8 @@ class GenerationWorker:
                 if out.token_ids or out.text:
                     pending.append(await self.producer.send(self.topics.tokens, encode(TokensAppended(
                         generation_id=req.generation_id, conversation_id=req.conversation_id,
-                        user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids))),
+                        user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids),
+                        logprobs=out.logprobs)),
                         key=req.generation_id.encode()))
                     seq += 1
                     text.append(out.text)

@@ -77,7 +77,8 @@ class PromptBuilder:
             assistant_message_id=req.generation_id, turn=turn, prompt_token_ids=ids,
             max_tokens=min(req.reply_cap, context - len(ids) - 1), reserved_tokens=req.reserved_tokens,
             turns_kept=fitted.turns_kept, summary_used=fitted.summary_used, route_reason=req.route_reason,
-            temperature=req.temperature, question=user_message.content[:500]), req.conversation_id)]
+            temperature=req.temperature, question=user_message.content[:500], sampling=req.sampling),
+            req.conversation_id)]
         if req.history is None and fitted.dropped_upto_turn is not None and (
                 summary is None or summary.upto_turn < fitted.dropped_upto_turn):
             outs.append(self._summary_request(req, turns, fitted.dropped_upto_turn,
