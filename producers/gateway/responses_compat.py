@@ -13,7 +13,7 @@ from typing import Any
 
 from producers.gateway import openai_compat as compat
 from producers.gateway import sampling_params
-from producers.gateway.sampling_params import invalid
+from producers.gateway.sampling_params import CompatError, invalid
 from schemas import GenerationFinished, GenerationStarted, RequestRefused, TokensAppended, Usage, id_time_ms
 from schemas.gateway import ChatTurn
 from schemas.sampling import Sampling
@@ -75,7 +75,11 @@ def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_c
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise invalid("'instructions' must be a string.", "instructions")
-    turns = compat.messages(_input(body.get("input")), max_message_chars)
+    try:
+        turns = compat.messages(_input(body.get("input")), max_message_chars)
+    except CompatError as exc:  # the chat checks name "messages"; here the field is "input"
+        param = exc.param.replace("messages", "input", 1) if exc.param else exc.param
+        raise CompatError(exc.status, exc.code, exc.message.replace("messages", "input"), param) from exc
     store, background = _flag(body, "store", True), _flag(body, "background", False)
     if background and not store:
         raise invalid("'background' needs 'store': a background response is kept so it can be fetched.",
