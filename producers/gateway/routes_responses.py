@@ -7,7 +7,8 @@ Redis so any gateway can answer for it; its status and text come from the genera
 ``background: true`` answers at once and the reply generates with no client attached (its reader
 heartbeat is held for ``BACKGROUND_READER_S``, so the abandoned-reply detector leaves it alone).
 ``previous_response_id`` continues that response's conversation, with the saved history fitted to
-the prompt budget as in the chat path. ``store: false`` keeps nothing retrievable.
+the prompt budget as in the chat path. ``store: false``: the response cannot be fetched and its
+conversation is deleted from the start.
 """
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ async def create_response(request: Request, body: Any = Body(..., examples=[{"mo
         conv = await gw.conversations.create(user.user_id, model=req.pool, source="api",
                                              title=" ".join(req.input[-1].content.split())[:60])
         conversation_id = conv.conversation_id
+        if not req.store:  # deleted from the start: no stage lists it, titles it or reads it back
+            await gw.conversations.mark_deleted(conv)
     system = [ChatTurn("system", req.instructions)] if req.instructions else []
     message_id, generation_id = new_id(), new_id()
     echo = req.echo()
@@ -79,7 +82,7 @@ async def create_response(request: Request, body: Any = Body(..., examples=[{"mo
              req.store)
     headers = {"X-Generation-Id": generation_id, "X-Conversation-Id": conversation_id}
     if req.stream:
-        return CancelOnLeave(_live(job, echo, req.store), [job], media_type="text/event-stream",
+        return CancelOnLeave(_live(job, echo), [job], media_type="text/event-stream",
                              headers=dict(SSE_HEADERS, **headers))
     state = rc.State(generation_id, job.model)
     if req.background:
@@ -99,8 +102,6 @@ async def create_response(request: Request, body: Any = Body(..., examples=[{"mo
                 break
     finally:
         job.close()
-    if not req.store:
-        await _forget(gw, conversation_id)
     return JSONResponse(rc.response_object(state, echo), headers=headers)
 
 
@@ -182,13 +183,6 @@ async def _continued(gw: Gateway, user: User, previous: str | None) -> tuple[str
     return meta["conversation_id"], turns
 
 
-async def _forget(gw: Gateway, conversation_id: str) -> None:
-    """``store: false``: the conversation is marked deleted, so nothing of it can be read back."""
-    conv = await gw.conversations.get(conversation_id)
-    if conv is not None:
-        await gw.conversations.mark_deleted(conv)
-
-
 async def _events(gw: Gateway, gid: str, follow: bool = True) -> AsyncIterator[Any]:
     """The generation's events from its start: replayed from the buffer, ``REPLAYED``, then live (if
     ``follow``; ``None`` after each quiet keep-alive interval)."""
@@ -237,7 +231,7 @@ async def _saved(gw: Gateway, gid: str, meta: dict[str, Any]) -> tuple[str, str,
         prompt_tokens=m.tokens_in or 0, completion_tokens=m.tokens_out or 0, cached_prompt_tokens=m.tokens_cached or 0)
 
 
-async def _live(job: Job, echo: dict[str, Any], store: bool) -> AsyncGenerator[bytes, None]:
+async def _live(job: Job, echo: dict[str, Any]) -> AsyncGenerator[bytes, None]:
     """A new response's stream, as its events arrive."""
     stream = rc.EventStream(rc.State(job.generation_id, job.model), echo)
     beat = None if job.detached else job.reading()
@@ -257,8 +251,6 @@ async def _live(job: Job, echo: dict[str, Any], store: bool) -> AsyncGenerator[b
         if beat is not None:
             beat.cancel()
         job.close()
-    if not store:
-        await _forget(job.gw, job.conversation_id)
 
 
 async def _resumed(gw: Gateway, gid: str, meta: dict[str, Any], after: int) -> AsyncGenerator[bytes, None]:

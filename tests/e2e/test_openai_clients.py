@@ -1,0 +1,44 @@
+"""The clients people already use, pointed at Parley with sampling parameters: LangChain's
+``ChatOpenAI`` and litellm, invoke and stream."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.e2e.conftest import Caller
+from tests.e2e.service import Service
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no download of its price list
+
+QUESTION = "Write two short paragraphs about the moon."
+
+
+@pytest.fixture
+def base_url(service: Service) -> str:
+    return f"{service.url('gateway-a')}/v1"
+
+
+async def test_langchain_invoke_and_stream_with_top_p_and_stop(base_url: str, alice: Caller) -> None:
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=base_url, api_key=alice.token, model="large", top_p=0.95, stop=["\n\n"],  # type: ignore[arg-type]
+                     max_tokens=48, temperature=0.7, max_retries=0)
+    answer = await llm.ainvoke(QUESTION)
+    assert isinstance(answer.content, str) and answer.content and "\n\n" not in answer.content
+    pieces = [c.content async for c in llm.astream(QUESTION)]
+    text = "".join(p for p in pieces if isinstance(p, str))
+    assert len(pieces) > 2 and text and "\n\n" not in text
+
+
+async def test_litellm_completion_and_stream_with_top_p_and_stop(base_url: str, alice: Caller) -> None:
+    import litellm
+
+    kwargs = {"model": "openai/large", "api_base": base_url, "api_key": alice.token, "top_p": 0.9,
+              "stop": ["\n\n"], "max_tokens": 48, "messages": [{"role": "user", "content": QUESTION}]}
+    resp = await litellm.acompletion(**kwargs)
+    content = resp.choices[0].message.content
+    assert content and "\n\n" not in content and resp.usage.completion_tokens > 0
+    stream = await litellm.acompletion(**kwargs, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text and "\n\n" not in text
