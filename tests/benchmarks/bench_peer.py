@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,9 +42,8 @@ MEASURES = (("output tok/s", "output_throughput", "x"), ("TTFT p50 ms", "median_
 
 
 def bench(base_url: str, model_dir: str, served: str, concurrency: int, ns: argparse.Namespace, side: str,
-          api_key: str = "") -> dict[str, Any]:
+          api_key: str = "", out_dir: Path = common.RESULTS / "peer") -> dict[str, Any]:
     """One level of vLLM's benchmark against ``base_url``; its own result JSON, read back."""
-    out_dir = common.RESULTS / "peer"
     out_dir.mkdir(parents=True, exist_ok=True)
     name = f"{side}-c{concurrency}.json"
     args = ["--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",

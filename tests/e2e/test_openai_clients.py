@@ -2,7 +2,9 @@
 ``ChatOpenAI`` and litellm, invoke and stream."""
 from __future__ import annotations
 
+import argparse
 import os
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +44,17 @@ async def test_litellm_completion_and_stream_with_top_p_and_stop(base_url: str, 
     stream = await litellm.acompletion(**kwargs, stream=True)
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text and "\n\n" not in text
+
+
+def test_vllm_bench_random_dataset_runs_with_no_failed_request(service: Service, alice: Caller,
+                                                               tmp_path: Path) -> None:
+    """vLLM's own load tool with its default dataset (it sends ignore_eos), a small count."""
+    from infra.local.model import ready_pool
+    from tests.benchmarks.bench_peer import bench
+
+    pool = ready_pool("large", service.settings)
+    ns = argparse.Namespace(input_len=32, output_len=8, prompts_per_level=2)
+    result = bench(service.url("gateway-a"), pool.model_dir, pool.served_model_name, 2, ns, "parley", alice.token,
+                   out_dir=tmp_path)
+    assert result["completed"] == 4 and result.get("failed", 0) == 0
+    assert result["total_output_tokens"] == 4 * 8  # ignore_eos honoured: every reply ran to its length
