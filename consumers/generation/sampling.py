@@ -37,7 +37,8 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True):
 GREEDY = Sampling()
 
 
-def for_request(req: GenerationRequested, saved_tokens: int = 0) -> Sampling:
+def for_request(req: GenerationRequested, saved_tokens: int = 0, max_tokens: int | None = None) -> Sampling:
+    """``max_tokens``: what this run may still make (the plan's cap may be below the client's min_tokens)."""
     s = req.sampling
     default_top_p = DEFAULT_TOP_P if req.temperature > 0 else 1.0
     if s is None:
@@ -47,7 +48,8 @@ def for_request(req: GenerationRequested, saved_tokens: int = 0) -> Sampling:
         top_k=s.top_k or 0, min_p=s.min_p or 0.0, seed=s.seed, stop=tuple(s.stop or ()),
         presence_penalty=s.presence_penalty or 0.0, frequency_penalty=s.frequency_penalty or 0.0,
         repetition_penalty=1.0 if s.repetition_penalty is None else s.repetition_penalty,
-        min_tokens=max(0, (s.min_tokens or 0) - saved_tokens), ignore_eos=s.ignore_eos,
+        min_tokens=max(0, min((s.min_tokens or 0) - saved_tokens, max_tokens if max_tokens is not None else 1 << 30)),
+        ignore_eos=s.ignore_eos,
         logprobs=s.top_logprobs if s.logprobs else None, response_format=s.response_format)
 
 

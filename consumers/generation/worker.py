@@ -219,7 +219,7 @@ class GenerationWorker:
         first_token_at = saved.started.first_token_at if saved.started else 0.0
         announced, last_append = saved.started is not None, 0.0
         try:
-            sampling = for_request(req, saved_tokens=len(saved.token_ids))
+            sampling = for_request(req, saved_tokens=len(saved.token_ids), max_tokens=gen.max_tokens)
             async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
                                                   gen.priority, sampling):
                 now = time.time()

@@ -90,6 +90,7 @@ async def create_response(request: Request, body: Any = Body(..., examples=[{"mo
             state.feed(event)
         job.close()
         return JSONResponse(rc.response_object(state, echo), headers=headers)
+    beat = job.reading()
     try:
         async for _, event in jobs_.merged([job], idle_s=1.0):
             if event is None:
@@ -101,6 +102,7 @@ async def create_response(request: Request, body: Any = Body(..., examples=[{"mo
                 job.finished = True
                 break
     finally:
+        beat.cancel()
         job.close()
     return JSONResponse(rc.response_object(state, echo), headers=headers)
 
@@ -162,24 +164,26 @@ async def _meta(gw: Gateway, user: User, response_id: str, param: str | None = N
 
 
 async def _continued(gw: Gateway, user: User, previous: str | None) -> tuple[str | None, list[ChatTurn]]:
-    """The conversation a ``previous_response_id`` continues, and its saved turns, oldest first."""
+    """The conversation a ``previous_response_id`` continues, and its turns up to that response, oldest
+    first. The previous reply itself comes from the buffer when persistence has not saved it yet."""
     if previous is None:
         return None, []
     gid, meta = await _meta(gw, user, previous, "previous_response_id")
     messages = await gw.conversations.all_messages(meta["conversation_id"])
-    reply = next((m for m in messages if m.message_id == gid and m.role == "assistant"), None)
-    if reply is None or reply.status not in FINISHED:
+    asked = next((m for m in messages if m.generation_id == gid and m.role == "user"), None)
+    state = await _state(gw, gid, meta)
+    if asked is None or not state.done or state.status == "failed":
         raise compat.invalid(f"Response '{previous}' has not finished; continue from it once it has.",
                              "previous_response_id")
-    users = {m.turn: m.content for m in messages if m.role == "user"}
+    users = {m.turn: m.content for m in messages if m.role == "user" and m.turn <= asked.turn}
     replies: dict[int, str] = {}
     for m in messages:  # oldest first, so the newest sibling of a turn wins
         if m.role == "assistant" and m.status in FINISHED:
             replies[m.turn] = m.content
+    replies[asked.turn] = state.text
     turns: list[ChatTurn] = []
     for turn in sorted(users):
-        if turn <= reply.turn:
-            turns += [ChatTurn("user", users[turn]), ChatTurn("assistant", replies.get(turn, ""))]
+        turns += [ChatTurn("user", users[turn]), ChatTurn("assistant", replies.get(turn, ""))]
     return meta["conversation_id"], turns
 
 

@@ -42,6 +42,7 @@ def test_a_recovering_worker_keeps_the_seed_and_owes_only_the_remaining_min_toke
     resumed = for_request(again, saved_tokens=4)  # type: ignore[arg-type]
     assert resumed.seed == 7 and resumed.min_tokens == 6 and resumed.stop == ("END",)
     assert for_request(again, saved_tokens=40).min_tokens == 0  # type: ignore[arg-type]
+    assert for_request(again, max_tokens=3).min_tokens == 3  # type: ignore[arg-type]  # the plan's cap is lower
 
 
 def test_structured_outputs_become_vllm_constraints() -> None:
