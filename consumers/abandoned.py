@@ -21,21 +21,23 @@ from schemas import (
     RequestRefused,
     decode,
 )
-from topics import Topics
+from topics import Role, Topics
+from topics.catalogue import ABANDONED, CONTROL, TOKENS
 from topics.clients import make_consumer, make_producer, send
 
 log = logging.getLogger(__name__)
+ROLE = Role(ABANDONED, reads=(TOKENS,), writes=(CONTROL,))
 
 
 class AbandonedDetector:
-    name = "abandoned"
+    name = ROLE.stage
 
     def __init__(self, settings: Settings, redis: Any, check_every_s: float = 1.0) -> None:
         self.settings, self.redis, self.check_every_s = settings, redis, check_every_s
         self.topics = Topics(settings.topic_prefix)
         self.running: dict[str, tuple[str, str, float]] = {}  # generation -> (conversation, user, last seen)
         self.consumer = make_consumer(settings.kafka_bootstrap, self.topics.tokens,
-                                      group_id=f"{settings.topic_prefix}abandoned", auto_offset_reset="latest",
+                                      group_id=self.topics.group(ABANDONED), auto_offset_reset="latest",
                                       enable_auto_commit=True)
         self.producer = make_producer(settings.kafka_bootstrap)
         self._stopping = asyncio.Event()

@@ -18,7 +18,7 @@ from aiokafka import TopicPartition
 
 from infra.config.settings import Settings
 from schemas import Event
-from topics import Topics
+from topics import Role, Topics
 from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer
 
 log = logging.getLogger(__name__)
@@ -36,16 +36,17 @@ Handler = Callable[[Any], Awaitable[list[Out]]]
 
 
 class Stage:
-    def __init__(self, name: str, settings: Settings, topic_attr: str, types: tuple[type[Event], ...],
-                 handler: Handler, *, per_key: bool = False, **consumer_options: Any) -> None:
-        """``per_key``: records of one partition with different keys are handled concurrently (in order per
-        key), for a handler whose order only matters per key and whose time is mostly waiting on I/O."""
-        self.name, self.settings, self.types, self.handler = name, settings, types, handler
+    def __init__(self, role: Role, settings: Settings, types: tuple[type[Event], ...], handler: Handler, *,
+                 per_key: bool = False, **consumer_options: Any) -> None:
+        """Consumes the first topic ``role`` reads, in the stage's own group. ``per_key``: records of one
+        partition with different keys are handled concurrently (in order per key), for a handler whose order
+        only matters per key and whose time is mostly waiting on I/O."""
+        self.name, self.settings, self.types, self.handler = role.stage, settings, types, handler
         self.per_key = per_key
         self.topics = Topics(settings.topic_prefix)
-        self.group = f"{settings.topic_prefix}{name}"
+        self.group = self.topics.group(role.stage)
         self.producer = make_producer(settings.kafka_bootstrap)
-        self.consumer = make_consumer(settings.kafka_bootstrap, getattr(self.topics, topic_attr),
+        self.consumer = make_consumer(settings.kafka_bootstrap, getattr(self.topics, role.reads[0].attr),
                                       group_id=self.group, **consumer_options)
         self._stopping = asyncio.Event()
 

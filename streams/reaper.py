@@ -15,26 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from collections.abc import Mapping
-from typing import Any
 
-from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation, Settled
 from schemas import GenerationFinished, UsageRecorded
 from streams.settlement import publish_usage
-from topics import Topics
+from topics import Role, Topics
+from topics.catalogue import REAPER, REPLIES, USAGE
 from topics.clients import make_producer, send
 from topics.replay import replay
 
 log = logging.getLogger(__name__)
+ROLE = Role(REAPER, reads=(REPLIES,), writes=(USAGE,))  # replays chat.replies without a group
 
 
 class Reaper:
-    name = "reaper"
+    name = ROLE.stage
 
     def __init__(self, settings: Settings, quota: Quota, *, interval_s: float = 30.0, outbox_grace_s: float = 30.0,
                  replay_margin_s: float = 60.0) -> None:
@@ -114,11 +112,3 @@ class Reaper:
 
     async def _send(self, record: UsageRecorded) -> None:
         await send(self.producer, self.topics.usage, record, key=record.user_id)
-
-
-def build_stage(settings: Settings, redis: Any, db: Any, plans: Mapping[str, Plan], *,
-                environ: Mapping[str, str] | None = None) -> Reaper:
-    """The reaper for ``run_stages`` (``infra/local/wiring.py``); ``PARLEY_REAPER_INTERVAL_S`` sets the period."""
-    environ = os.environ if environ is None else environ
-    return Reaper(settings, Quota.configured(redis, plans, scope=settings.topic_prefix, environ=environ),
-                  interval_s=float(environ.get("PARLEY_REAPER_INTERVAL_S", 30)))

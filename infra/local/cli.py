@@ -15,7 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("infra.local.stack_cli", "start the local stack (Kafka, Cassandra, Redis) and the service"),
     "down": ("infra.local.stack_cli", "stop every process that `parley up` started"),
     "status": ("infra.local.stack_cli", "show each service's address and version; exit 0 only when all answer"),
-    "topics": ("topics.cli", "create missing topics and correct partitions/retention"),
+    "topics": ("infra.local.topology", "create missing topics and correct partitions/retention"),
     "migrate": ("infra.stores.cql.cli", "apply the versioned CQL migrations"),
     "user": ("infra.stores.accounts_cli", "manage accounts: `parley user create --plan free|paid` prints a token"),
     "worker": ("consumers.generation.cli", "run one generation worker for a model pool"),
