@@ -136,7 +136,7 @@ class Admission:
 
 def build_stage(settings: Settings, quota: Quota, plans: Mapping[str, Plan], pools: Iterable[str], *,
                 rules: AdmissionRules | None = None) -> Stage:
-    """The admission consumer group, ready for ``Stage.run`` / ``run_stages``."""
+    """The admission consumer group, ready for ``run_stages``."""
     admission = Admission(quota, plans, rules or AdmissionRules.from_settings(settings, pools),
                           Topics(settings.topic_prefix))
     # Keyed by user: one user's requests stay in order (their reservations), other users' go concurrently.

@@ -5,7 +5,6 @@ so stages scale and fail independently even when one process hosts them all.
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +15,7 @@ from schemas import encode
 from streams.codec import CODEC_NAME, register
 from topics import Topic, Topics
 from topics.clients import deadletter_event, log_deadlettered
+from topics.runner import Runner
 
 
 def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
@@ -80,21 +80,12 @@ class DeadLetteringTopic(faust.Topic):
         log_deadlettered(event)
 
 
-class FaustStage:
-    """A faust app run beside the aiokafka stages in one process (same ``run``/``stop`` shape)."""
+class FaustStage(Runner):
+    """A faust app run beside the aiokafka stages in one process: its agents and timers are its loop."""
 
     def __init__(self, name: str, app: faust.App) -> None:
+        super().__init__()
         self.name, self.app = name, app
-        self._stopping: asyncio.Event | None = None
 
-    async def run(self) -> None:
-        self._stopping = asyncio.Event()
-        await self.app.start()
-        try:
-            await self._stopping.wait()
-        finally:
-            await self.app.stop()
-
-    def stop(self) -> None:
-        if self._stopping is not None:
-            self._stopping.set()
+    def clients(self) -> list[Any]:
+        return [self.app]

@@ -39,7 +39,8 @@ from schemas import (
 from schemas.errors import EventDecodeError
 from topics import GENERATE, Role, Topics
 from topics.catalogue import CONTROL, DEADLETTER, GENERATION, REPLIES, TOKENS
-from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer, send, topic_partitions
+from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer, send
+from topics.replay import open_reader
 
 log = logging.getLogger(__name__)
 # Reads chat.control (broadcast) and its own earlier tokens on chat.tokens (recovery), without a group.
@@ -299,22 +300,14 @@ class GenerationWorker:
 
     # -- cancels -----------------------------------------------------------------------------------------
     async def _control_loop(self) -> None:
-        reader = make_consumer(self.settings.kafka_bootstrap, group_id=None)
-        await reader.start()
+        # Every partition, from the cancels of the last CANCEL_MEMORY_S on: a cancel may precede its request.
+        reader = await open_reader(self.settings.kafka_bootstrap, self.topics.control,
+                                   since_ms=int((time.time() - CANCEL_MEMORY_S) * 1000))
         try:
-            parts = await topic_partitions(reader, self.topics.control)
-            tps = [TopicPartition(self.topics.control, p) for p in parts]
-            reader.assign(tps)
-            since = int((time.time() - CANCEL_MEMORY_S) * 1000)
-            for tp, found in (await reader.offsets_for_times({tp: since for tp in tps})).items():
-                if found is not None:
-                    reader.seek(tp, found.offset)
-                else:
-                    await reader.seek_to_end(tp)
-            async for record in reader:
+            async for record in reader.consumer:
                 await self._on_control(record)
         finally:
-            await reader.stop()
+            await reader.close()
 
     async def _on_control(self, record: Any) -> None:
         try:

@@ -8,10 +8,10 @@ unless that replica's queue is much longer than the others'.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from typing import Any
 
 from consumers.scheduler.canned import CANNED_MODEL, CANNED_POOL, CannedReplies
@@ -122,34 +122,23 @@ class Scheduler:
             retry_after_s=retry_after), p.generation_id)
 
 
-class SchedulerStage:
+class SchedulerStage(Stage):
     """The scheduler's stage plus its follower of ``chat.replies`` (completions feed the service rate)."""
 
-    name = ROLE.stage
-
     def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any]) -> None:
-        self.settings = settings
         topics = Topics(settings.topic_prefix)
         queues = Queues({name: PoolLoad(capacity=cfg.max_num_seqs, prior_rate=max(cfg.max_num_seqs / 20, 0.1))
                          for name, cfg in pools.items()})
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
                                    CannedReplies.load(settings.canned_file))
-        self.stage = Stage(ROLE, settings, (PromptBuilt,), self.scheduler.handle)
-        self._follower: asyncio.Task[None] | None = None
+        super().__init__(ROLE, settings, (PromptBuilt,), self.scheduler.handle)
 
-    async def run(self) -> None:
-        self._follower = asyncio.create_task(self._follow_replies())
-        try:
-            await self.stage.run()
-        finally:
-            self._follower.cancel()
-
-    def stop(self) -> None:
-        self.stage.stop()
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._follow_replies()]
 
     async def _follow_replies(self) -> None:
-        consumer = make_consumer(self.settings.kafka_bootstrap, Topics(self.settings.topic_prefix).replies,
-                                 group_id=None, auto_offset_reset="latest")
+        consumer = make_consumer(self.settings.kafka_bootstrap, self.topics.replies, group_id=None,
+                                 auto_offset_reset="latest")
         await consumer.start()
         try:
             async for record in consumer:

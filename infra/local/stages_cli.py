@@ -9,10 +9,10 @@ import argparse
 import asyncio
 import signal
 
-from consumers.stage import run_stages
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
 from infra.local.wiring import PIPELINE, build_stages
+from topics.runner import run_stages
 
 STAGES = tuple(PIPELINE)
 
