@@ -16,13 +16,14 @@ CODE = ("schemas", "topics", "infra", "consumers", "streams", "producers")
 # (folder, packages it must not import): arrows go one way, from the gateway and local orchestration down to
 # schemas.
 FORBIDDEN = [
-    ("producers", ("consumers", "streams")),
-    ("streams", ("consumers", "producers")),
-    ("consumers", ("streams", "producers")),
+    ("producers", ("consumers", "streams", "infra.planning")),
+    ("streams", ("consumers", "producers", "infra.local", "infra.planning")),
+    ("consumers", ("streams", "producers", "infra.local", "infra.planning")),
     ("infra/config", ("producers", "consumers", "streams", "infra.stores", "infra.local", "infra.planning")),
     ("infra/stores", ("producers", "consumers", "streams", "infra.local", "infra.planning")),
     ("topics", ("producers", "consumers", "streams", "infra")),
     ("schemas", ("producers", "consumers", "streams", "infra", "topics")),
+    ("infra/planning", ("producers", "consumers", "streams", "infra.local", "infra.stores", "topics")),
 ]
 
 

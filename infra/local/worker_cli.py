@@ -9,6 +9,7 @@ from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
+from infra.local.model import ready_pool
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -18,8 +19,6 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infra.local.model import ready_pool
-
     settings = Settings.from_env()
     logconfig.configure(settings.debug)
     pool = ready_pool(args.pool, settings)
