@@ -7,9 +7,10 @@ import msgspec
 
 from schemas.base import Event
 from schemas.gateway import Plan
+from schemas.safety import Block
 from schemas.scheduler import Purpose
 
-Status = Literal["complete", "stopped", "length", "failed"]
+Status = Literal["complete", "stopped", "length", "failed", "blocked"]
 
 
 class GenerationStarted(Event, frozen=True, kw_only=True):
@@ -68,3 +69,4 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     route_reason: str = "default"
     started_at: float = 0.0
     first_token_at: float = 0.0
+    block: Block | None = None  # status blocked: why (the text is the notice)

@@ -14,7 +14,9 @@ from schemas import (
     GenerationFinished,
     GenerationQueued,
     GenerationRequested,
+    GenerationRetracted,
     GenerationStarted,
+    InputBlocked,
     MessageSubmitted,
     PromptBuilt,
     RequestAdmitted,
@@ -51,14 +53,15 @@ def _catalogue() -> tuple[Topic, ...]:
     fixed = (
         Topic("chat.requests", "user_id", (MessageSubmitted,), 6, 7 * DAY_MS,
               ("gateway",), ("admission",)),
-        Topic("chat.admitted", "conversation_id", (RequestAdmitted,), 6, 7 * DAY_MS,
+        Topic("chat.admitted", "conversation_id", (RequestAdmitted, InputBlocked), 6, 7 * DAY_MS,
               ("admission",), ("prompt",)),
         Topic("chat.prompts", "conversation_id", (PromptBuilt,), 6, 7 * DAY_MS,
               ("prompt",), ("scheduler",)),
         # The token buffer: 10 minutes, the seed's TTL. Readers find a generation's
         # partition from its key, so the SSE event id can be the bare offset.
         Topic("chat.tokens", "generation_id",
-              (RequestRefused, GenerationQueued, GenerationStarted, TokensAppended, GenerationFinished),
+              (RequestRefused, GenerationQueued, GenerationStarted, TokensAppended, GenerationRetracted,
+               GenerationFinished),
               6, 10 * MINUTE_MS, ("admission", "scheduler", "worker"), ("gateway (assigned, no group)",)),
         Topic("chat.replies", "conversation_id", (GenerationFinished,), 6, 7 * DAY_MS,
               ("worker",), ("settlement", "persistence", "scheduler")),

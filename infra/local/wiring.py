@@ -58,12 +58,12 @@ def _prompt(settings: Settings, db: AsyncSession, topics: Topics, tokenizer: Any
             redis: Any) -> Any:
     from consumers.prompt.builder import PromptBuilder
     from consumers.stage import Stage
-    from schemas import RequestAdmitted
+    from schemas import InputBlocked, RequestAdmitted
 
     builder = PromptBuilder(Conversations(db), Records(db), topics, tokenizer, settings.prompt_budget_tokens,
                             lambda pool: pools[pool].max_model_len, quota=_quota(redis, plans))
     # Keyed by conversation: turns of one conversation are placed in order; other conversations concurrently.
-    return Stage("prompt", settings, "admitted", (RequestAdmitted,), builder.handle, per_key=True)
+    return Stage("prompt", settings, "admitted", (RequestAdmitted, InputBlocked), builder.handle, per_key=True)
 
 
 def _scheduler(settings: Settings, plans: Any, pools: Any) -> Any:
