@@ -2,7 +2,7 @@
 
 ``EmbeddedClassifier`` is the default: the rules file's phrases and regular expressions first
 (a match is final, score 1), then alt-profanity-check's linear model (shipped inside its wheel,
-no download) against the check's threshold. ``rule_verdict`` is shared with the model-pool
+no download; ``profanity.py``) against the check's threshold. ``rule_verdict`` is shared with the model-pool
 classifier (``pool_classifier.py``), so both apply the same rules the same way.
 """
 from __future__ import annotations
@@ -43,14 +43,14 @@ def rule_verdict(rules: SafetyRules, text: str, check: Check) -> Verdict | None:
 
 
 class EmbeddedClassifier:
-    """In-process: a few milliseconds a call on one CPU core, so it runs inline in the event loop."""
+    """In-process: under a millisecond for a chunk on one CPU core, so it runs inline in the event loop."""
 
     def __init__(self, rules: RulesFile, model: Any = None) -> None:
         self.rules = rules
         if model is None:
-            from profanity_check import predict_prob  # loads the vectoriser and model from the wheel
+            from consumers.safety.profanity import load_scorer
 
-            model = predict_prob
+            model = load_scorer()
         self._predict = model
 
     async def score(self, text: str, check: Check) -> Verdict:
