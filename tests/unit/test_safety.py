@@ -87,7 +87,8 @@ def test_rules_reload_when_the_file_changes_and_a_broken_edit_keeps_the_old_ones
     rules = RulesFile(rules_path, every_s=0.0)
     classifier = EmbeddedClassifier(rules)
     assert not classifier.score_now("a purple cow", "input").flagged
-    rules_path.write_text(RULES_TOML.replace('"t-1"', '"t-2"') + '[[rules]]\ncategory = "cows"\nphrase = "purple cow"\n')
+    extra = '[[rules]]\ncategory = "cows"\nphrase = "purple cow"\n'
+    rules_path.write_text(RULES_TOML.replace('"t-1"', '"t-2"') + extra)
     os.utime(rules_path, ns=(time.time_ns(), time.time_ns() + 1_000_000))
     verdict = classifier.score_now("a purple cow", "input")
     assert (verdict.flagged, verdict.category, verdict.rules_version) == (True, "cows", "t-2")
