@@ -6,7 +6,7 @@ from typing import Literal
 import msgspec
 
 from schemas.base import Event
-from schemas.gateway import Plan
+from schemas.gateway import PlanName
 
 
 class Block(msgspec.Struct, frozen=True, kw_only=True):
@@ -25,7 +25,7 @@ class InputBlocked(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     message_id: str
     client_message_id: str
     regenerate: bool = False

@@ -1,4 +1,4 @@
-"""The content rules (``infra/config/safety.toml`` or ``PARLEY_SAFETY_FILE``): versioned, typed,
+"""The content rules (``infra/config/safety.toml``, or the file Settings names): versioned, typed,
 and re-read when the file changes, so new rules take effect without restarting a worker.
 
 ``SafetyRules`` is one parsed version of the file; ``RulesFile.current()`` returns the newest
