@@ -30,7 +30,7 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
 
 
 RefusalReason = Literal[
-    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long"
+    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long", "blocked"
 ]
 
 

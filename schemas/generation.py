@@ -7,10 +7,11 @@ import msgspec
 
 from schemas.base import Event
 from schemas.gateway import PlanName
+from schemas.safety import Block
 from schemas.sampling import TokenLogprob
 from schemas.scheduler import Purpose
 
-Status = Literal["complete", "stopped", "length", "failed"]
+Status = Literal["complete", "stopped", "length", "failed", "blocked"]
 
 
 class GenerationStarted(Event, frozen=True, kw_only=True):
@@ -70,3 +71,4 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     route_reason: str = "default"
     started_at: float = 0.0
     first_token_at: float = 0.0
+    block: Block | None = None  # status blocked: why (the text is the notice)

@@ -45,6 +45,8 @@ class Message:
     route_reason: str | None = None
     created_at: datetime | None = None
     finished_at: datetime | None = None
+    block_category: str | None = None  # status blocked: what the safety check found, and by which rules
+    rules_version: str | None = None
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,10 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
     return _sse(gw, generation_id, conversation_id, after=None, queue=accepted.queue, first=accepted.first)
 
 
+async def _retracted(gw: Gateway, generation_id: str) -> bool:
+    return bool(await gw.redis.exists(keys.generation_retracted(generation_id)))
+
+
 def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | None,
          queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None) -> StreamingResponse:
     async def saved() -> list[bytes]:
@@ -187,6 +191,6 @@ def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | 
     body = follow(gw.relay, generation_id, after=after, since_ms=id_time_ms(generation_id) - 2000, queue=queue,
                   first=first, keepalive_s=gw.keepalive_s, beat_every_s=gw.settings.reader_timeout_s / 3,
                   heartbeat=lambda: gw.reader_beat(generation_id),
-                  saved=saved)
+                  saved=saved, retracted=lambda: _retracted(gw, generation_id))
     headers = dict(SSE_HEADERS, **{"X-Generation-Id": generation_id})
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)

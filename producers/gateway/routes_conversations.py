@@ -68,7 +68,9 @@ def message_json(m: Message) -> dict[str, Any]:
             "parent_id": m.parent_id, "generation_id": m.generation_id, "model": m.model, "pool": m.pool,
             "route_reason": m.route_reason, "usage": {"in": m.tokens_in or 0, "out": m.tokens_out or 0,
                                                       "cached": m.tokens_cached or 0},
-            "created_at": _iso(m.created_at), "finished_at": _iso(m.finished_at)}
+            "created_at": _iso(m.created_at), "finished_at": _iso(m.finished_at),
+            "block": {"category": m.block_category, "rules_version": m.rules_version}
+            if m.status == "blocked" else None}
 
 
 def _iso(ts: datetime | None) -> str | None:
