@@ -277,6 +277,9 @@ class GenerationWorker:
             log.exception("generation %s failed in the engine", req.generation_id)
             status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
         await asyncio.gather(*pending)
+        if guard is not None and guard.held and blocked is None:  # the engine failed mid-chunk: never checked,
+            unshown, joined = "".join(h.text for h in guard.held), "".join(text)  # so never shown or saved
+            text, seq = [joined[:len(joined) - len(unshown)]], shown + 1
         if status == "stopped" and blocked is None:
             self.metrics.aborts.inc()
         block = None
