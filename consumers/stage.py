@@ -16,10 +16,12 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from infra.config.logs import current_stage
 from infra.config.settings import Settings
 from schemas import Event
 from topics import Topics
 from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer
+from topics.metrics import STAGE_HANDLE_SECONDS, STAGE_RECORDS, STAGE_UP
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +50,12 @@ class Stage:
         self.consumer = make_consumer(settings.kafka_bootstrap, getattr(self.topics, topic_attr),
                                       group_id=self.group, **consumer_options)
         self._stopping = asyncio.Event()
+        self._handled = STAGE_RECORDS.labels(stage=name, outcome="handled")
+        self._deadlettered = STAGE_RECORDS.labels(stage=name, outcome="deadlettered")
+        self._seconds = STAGE_HANDLE_SECONDS.labels(stage=name)
 
     async def run(self) -> None:
+        current_stage.set(self.name)  # every log line of this task and the tasks it starts names the stage
         await self.producer.start()
         await self.consumer.start()
         log.info("stage %s consuming %s", self.name, self.consumer.subscription())
@@ -83,11 +89,15 @@ class Stage:
         acks: list[asyncio.Future[Any]] = []
         for record in records:
             event = await decode_or_deadletter(record, self.producer, self.topics, self.group, self.types)
-            if event is not None:
+            if event is None:
+                self._deadlettered.inc()
+            else:
                 began = time.time()
                 # Outputs go out together and in order; the next record is handled while they are in flight.
                 for out in await self.handler(event):
                     acks.append(await enqueue(self.producer, out.topic, out.event, out.key, out.partition))
+                self._handled.inc()
+                self._seconds.observe(time.time() - began)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("stage %s offset %d: fetched %.1f ms after produce, handled in %.1f ms", self.name,
                               record.offset, (began - record.timestamp / 1000) * 1000, (time.time() - began) * 1000)
@@ -96,7 +106,7 @@ class Stage:
 
 async def run_stages(*stages: Any) -> None:
     """Run stages together until one fails; the others are then stopped too."""
-    tasks = [asyncio.create_task(s.run(), name=getattr(s, "name", type(s).__name__)) for s in stages]
+    tasks = [asyncio.create_task(_run_named(s), name=getattr(s, "name", type(s).__name__)) for s in stages]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
@@ -107,3 +117,13 @@ async def run_stages(*stages: Any) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _run_named(stage: Any) -> None:
+    name = getattr(stage, "name", type(stage).__name__)
+    current_stage.set(name)  # this task's context: its log lines, and those of the tasks it starts, name it
+    STAGE_UP.labels(stage=name).set(1)
+    try:
+        await stage.run()
+    finally:
+        STAGE_UP.labels(stage=name).set(0)

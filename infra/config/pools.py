@@ -33,6 +33,7 @@ ENV_FIELDS = {
     "PREFIX_CACHING": "enable_prefix_caching",
     "SCHEDULING_POLICY": "scheduling_policy",
     "DTYPE": "dtype",
+    "METRICS_PORT": "metrics_port",
 }
 
 
@@ -61,6 +62,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     dtype: str = "bfloat16"
     lane_priority: dict[str, int] = msgspec.field(default_factory=lambda: {"paid": 0, "free": 10})
     description: str = ""
+    metrics_port: int = 0  # the worker's fixed /metrics port (0: any free one); one worker per pool per host
 
     @property
     def model_path(self) -> Path:

@@ -47,7 +47,9 @@ class Ports:
     cassandra_storage: int = 7000
     cassandra_jmx: int = 7199
     redis: int = 6379
-    gateway: int = 8000
+    gateway: int = 8000  # the gateway's /metrics is on this port too
+    stages_metrics: int = 9101  # the stages process's /metrics (every stage, labelled `stage`)
+    prometheus: int = 9090  # `parley up --with-prometheus`
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,10 @@ class Settings:
     reader_timeout_s: float = 30.0  # a reply nobody reads for this long is cancelled
     admission_wait_s: float = 10.0  # how long a POST waits for admission before streaming anyway
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
+    gpu_hour_usd: float = 2.50  # the seed's price of a GPU-hour: cost per 1,000 replies from the workers' busy time
+    gpus_per_worker: int = 1
+    log_format: str = "auto"  # json | text | auto (text on a terminal, JSON lines otherwise)
+    debug: str = ""  # comma-separated loggers to run at DEBUG
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -77,7 +83,12 @@ class Settings:
             cassandra_jmx=_env_int("CASSANDRA_JMX_PORT", Ports.cassandra_jmx),
             redis=_env_int("REDIS_PORT", Ports.redis),
             gateway=_env_int("GATEWAY_PORT", Ports.gateway),
+            stages_metrics=_env_int("STAGES_METRICS_PORT", Ports.stages_metrics),
+            prometheus=_env_int("PROMETHEUS_PORT", Ports.prometheus),
         )
+        log_format = _env("LOG_FORMAT", cls.log_format).strip().lower()
+        if log_format not in ("json", "text", "auto"):
+            raise ValueError(f"PARLEY_LOG_FORMAT must be json, text or auto, not {log_format!r}")
         return cls(
             ports=ports,
             cache_dir=Path(_env("CACHE_DIR", str(cls.cache_dir))).expanduser(),
@@ -92,6 +103,10 @@ class Settings:
             reader_timeout_s=float(_env("READER_TIMEOUT_S", str(cls.reader_timeout_s))),
             admission_wait_s=float(_env("ADMISSION_WAIT_S", str(cls.admission_wait_s))),
             local_mode=_env_bool("LOCAL_MODE", is_loopback(cls.host)),
+            gpu_hour_usd=float(_env("GPU_HOUR_USD", str(cls.gpu_hour_usd))),
+            gpus_per_worker=_env_int("GPUS_PER_WORKER", cls.gpus_per_worker),
+            log_format=log_format,
+            debug=_env("DEBUG", cls.debug),
         )
 
     def with_(self, **changes: object) -> Settings:

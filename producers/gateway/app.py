@@ -10,7 +10,8 @@ from cassandra import DriverException
 from cassandra.cluster import NoHostAvailable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from infra.config.settings import Settings
@@ -54,6 +55,11 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "gateway": gateway.gateway_id}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        """Prometheus text format: TTFT, tokens/s, replies, refusals, reconnects (producers/gateway/metrics.py)."""
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

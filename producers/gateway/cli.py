@@ -15,8 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logconfig.configure()
     settings = Settings.from_env()
+    logconfig.configure("gateway", settings)
     uvicorn.run(build(settings), host=args.host, port=args.port or settings.ports.gateway, log_level="warning",
                 access_log=False)
     return 0

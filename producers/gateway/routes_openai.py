@@ -94,6 +94,8 @@ class _Job:
             except TimeoutError:
                 yield None
                 continue
+            if self.accepted.watch is not None:
+                self.accepted.watch.seen(event)
             yield event
 
     def reading(self) -> asyncio.Task[None]:
