@@ -72,6 +72,13 @@ class Settings:
     gpus_per_worker: int = 1
     log_format: str = "auto"  # json | text | auto (text on a terminal, JSON lines otherwise)
     debug: str = ""  # comma-separated loggers to run at DEBUG
+    # Where the backbone is when it is not this machine's (a deployment): empty means host + the ports above.
+    kafka_servers: str = ""  # bootstrap servers, comma-separated
+    redis_server: str = ""  # a redis:// URL
+    cassandra_hosts: str = ""  # contact points, comma-separated
+    cassandra_dc: str = "datacenter1"  # the local data centre (LOCAL_* consistency, keyspace replication)
+    cassandra_replication: int = 1  # replicas per data centre of a keyspace the migrations create
+    cassandra_consistency: str = "LOCAL_QUORUM"  # with one replica locally this is a single read or write
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -107,6 +114,12 @@ class Settings:
             gpus_per_worker=_env_int("GPUS_PER_WORKER", cls.gpus_per_worker),
             log_format=log_format,
             debug=_env("DEBUG", cls.debug),
+            kafka_servers=_env("KAFKA_SERVERS", cls.kafka_servers),
+            redis_server=_env("REDIS_SERVER", cls.redis_server),
+            cassandra_hosts=_env("CASSANDRA_HOSTS", cls.cassandra_hosts),
+            cassandra_dc=_env("CASSANDRA_DC", cls.cassandra_dc),
+            cassandra_replication=_env_int("CASSANDRA_REPLICATION", cls.cassandra_replication),
+            cassandra_consistency=_env("CASSANDRA_CONSISTENCY", cls.cassandra_consistency).upper(),
         )
 
     def with_(self, **changes: object) -> Settings:
@@ -114,8 +127,12 @@ class Settings:
 
     @property
     def kafka_bootstrap(self) -> str:
-        return f"{self.host}:{self.ports.kafka}"
+        return self.kafka_servers or f"{self.host}:{self.ports.kafka}"
 
     @property
     def redis_url(self) -> str:
-        return f"redis://{self.host}:{self.ports.redis}/0"
+        return self.redis_server or f"redis://{self.host}:{self.ports.redis}/0"
+
+    @property
+    def cassandra_contact_points(self) -> list[str]:
+        return [h.strip() for h in self.cassandra_hosts.split(",") if h.strip()] or [self.host]

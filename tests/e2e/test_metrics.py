@@ -21,6 +21,8 @@ from tests.e2e.service import Service, free_port
 pytestmark = pytest.mark.skipif(prometheus.find_binary() is None,
                                 reason="needs Debian's prometheus (`parley up --with-prometheus` installs it)")
 REPORT = ARTIFACTS / "metrics-report.png"
+NOTES = "Travel notes: " + " ".join(f"day {i}: we walked through the old town, ate bread and saw a museum."
+                                    for i in range(1, 21))
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,9 @@ async def test_watch_list_reads_back_through_promql(service: Service, prom: str,
     replies = 0
     for caller in (alice, bob):
         conv = (await http.post("/v1/conversations", headers=caller.headers)).json()["conversation_id"]
-        for question in ("What is the capital of France?", "And of Italy?"):  # a second turn: prefix cache
+        # The second turn repeats the first as its prefix: long enough (~300 tokens) to fill whole KV blocks,
+        # which is what vLLM's prefix cache shares.
+        for question in (NOTES + " What is the capital of France? Answer in one word.", "And of Italy?"):
             frames = await _chat(http, caller, conv, question)
             assert frames[-1].event == "message_end", frames[-1]
             replies += 1
