@@ -10,6 +10,7 @@ import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -34,7 +35,7 @@ PANELS = (
 )
 
 
-def query_range(base_url: str, expr: str, start: float, end: float, step_s: float) -> list[dict[str, object]]:
+def query_range(base_url: str, expr: str, start: float, end: float, step_s: float) -> list[dict[str, Any]]:
     """The ``result`` of /api/v1/query_range: one {metric, values} per series."""
     response = httpx.get(f"{base_url}/api/v1/query_range",
                          params={"query": expr, "start": start, "end": end, "step": step_s}, timeout=30)
@@ -66,11 +67,10 @@ def render(base_url: str, out: Path, minutes: float, end: float | None = None) -
         n = 0
         for prefix, expr in panel.queries:
             for series in query_range(base_url, expr, start, end, step):
-                points = [(float(t) - end, float(v)) for t, v in series["values"]  # type: ignore[union-attr]
-                          if v not in ("NaN", "+Inf", "-Inf")]
+                points = [(float(t) - end, float(v)) for t, v in series["values"] if v not in ("NaN", "+Inf", "-Inf")]
                 if points:
                     xs, ys = zip(*points, strict=True)
-                    ax.plot([x / 60 for x in xs], ys, label=_label(prefix, series["metric"]))  # type: ignore[arg-type]
+                    ax.plot([x / 60 for x in xs], ys, label=_label(prefix, series["metric"]))
                     n += 1
         counts[panel.title] = n
         ax.set_title(panel.title)

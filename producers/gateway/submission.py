@@ -42,7 +42,7 @@ class Accepted:
 
 async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted:
     generation_id = request.generation_id
-    watch = ReplyWatch(user.plan, request.pool)  # accepted now: TTFT counts from here
+    watch = ReplyWatch(user.plan, request.pool or gw.settings.default_pool)  # accepted now: TTFT counts from here
     queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
     try:
         await gw.claim(generation_id, user.user_id, request.conversation_id)
