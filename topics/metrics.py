@@ -1,18 +1,19 @@
 """Metrics every stage shares, in the process-wide registry the stages process serves on one port:
 records consumed and handling time per stage (aiokafka stages and faust apps alike), and the Kafka
-consumer lag of every consumer group in the catalogue.
+consumer lag of every consumer group the catalogue names.
 
 Names follow prometheus_client's conventions: counters end in ``_total``, units in the name.
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from topics.catalogue import CATALOGUE
+from topics.catalogue import GATEWAY, GENERATION, STAGES, Topics
 
 log = logging.getLogger(__name__)
 # A stage's handling is a few ms (one Redis script, two Cassandra round trips); the tail is what matters.
@@ -28,15 +29,12 @@ CONSUMER_LAG = Gauge("parley_kafka_consumer_lag_records",
                      ["group", "topic"])
 
 
-def catalogue_groups(prefix: str = "") -> dict[str, list[str]]:
-    """Consumer group -> the topics it reads, from the catalogue (group-less readers left out), both as a
-    deployment with ``prefix`` spells them."""
-    groups: dict[str, list[str]] = {}
-    for t in CATALOGUE:
-        for g in t.consumer_groups:
-            if "(" not in g:
-                groups.setdefault(f"{prefix}{g}", []).append(f"{prefix}{t.name}")
-    return groups
+def catalogue_groups(prefix: str = "", pools: Iterable[str] = ()) -> list[str]:
+    """Every consumer group a deployment can have: one per stage (the gateway reads without one), one per
+    pool for the generation stage."""
+    topics = Topics(prefix, pools)
+    stages = [topics.group(s) for s in STAGES if s not in (GATEWAY, GENERATION)]
+    return stages + [topics.group(GENERATION, pool) for pool in topics.pools]
 
 
 def lag_by_topic(committed: dict[TopicPartition, int], end: dict[TopicPartition, int],
@@ -49,18 +47,19 @@ def lag_by_topic(committed: dict[TopicPartition, int], end: dict[TopicPartition,
     return lag
 
 
-async def measure_lag(admin: Any, consumer: Any, groups: dict[str, list[str]]) -> dict[tuple[str, str], int]:
-    """(group, topic) -> lag for each group that has committed offsets (a group that never ran has nothing
-    to say yet); sets :data:`CONSUMER_LAG`. ``consumer`` is a started, group-less consumer."""
+async def measure_lag(admin: Any, consumer: Any, groups: Iterable[str]) -> dict[tuple[str, str], int]:
+    """(group, topic) -> lag for each group with committed offsets, over the topics it committed on (a group
+    that never ran has nothing to say yet); sets :data:`CONSUMER_LAG`. ``consumer``: a started, group-less one."""
     from topics.clients import topic_partitions
 
     found: dict[tuple[str, str], int] = {}
-    for group, topics in groups.items():
+    for group in groups:
         offsets = await admin.list_consumer_group_offsets(group)
         committed = {tp: meta.offset for tp, meta in offsets.items() if meta is not None and meta.offset >= 0}
         if not committed:
             continue
-        parts = [TopicPartition(t, p) for t in topics for p in await topic_partitions(consumer, t)]
+        names = sorted({tp.topic for tp in committed})
+        parts = [TopicPartition(t, p) for t in names for p in await topic_partitions(consumer, t)]
         end = await consumer.end_offsets(parts)
         start = await consumer.beginning_offsets(parts)
         for topic, lag in lag_by_topic(committed, end, start).items():

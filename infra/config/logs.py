@@ -1,17 +1,16 @@
 """One logging set-up for every service process.
 
-``PARLEY_LOG_FORMAT=json`` writes one JSON object per line (``time``, ``level``, ``process``, ``stage``,
+``Settings.log_format`` ``json`` writes one JSON object per line (``time``, ``level``, ``process``, ``stage``,
 ``logger``, ``msg`` and, where the call passed them as ``extra``, ids and token counts) for a log
 shipper; ``text`` is the plain line for a terminal; ``auto`` (the default) picks text when stderr is a
-terminal and JSON otherwise, so the logs `parley up` writes to files are JSON. ``PARLEY_DEBUG`` names
-loggers to run at DEBUG (comma-separated, e.g. ``consumers.stage,consumers.generation.worker``).
+terminal and JSON otherwise, so the logs `parley up` writes to files are JSON. ``Settings.debug`` names
+loggers to run at DEBUG (comma-separated in the environment, e.g. ``consumers.stage,consumers.generation.worker``).
 
-The stage a line belongs to comes from :data:`current_stage`, a context variable each stage sets when
-it starts, so every task it spawns (and every library line logged inside them) carries it.
+The stage a line belongs to comes from ``topics.runner.current_stage``, a context variable each stage sets
+when it starts, so every task it spawns (and every library line logged inside them) carries it.
 """
 from __future__ import annotations
 
-import contextvars
 import logging
 import sys
 import time
@@ -19,9 +18,9 @@ import time
 import orjson
 
 from infra.config.settings import Settings
+from topics.runner import current_stage
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-current_stage: contextvars.ContextVar[str] = contextvars.ContextVar("parley_stage", default="")
 # ``extra`` keys copied into the JSON object: ids and counts only, never message text.
 FIELDS = ("generation_id", "conversation_id", "user_id", "message_id", "worker_id", "gateway_id", "plan", "pool",
           "lane", "status", "prompt_tokens", "completion_tokens", "cached_prompt_tokens", "reserved_tokens",
@@ -67,5 +66,5 @@ def configure(process: str = "parley", settings: Settings | None = None) -> None
     else:
         handler.setFormatter(logging.Formatter(FORMAT))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
-    for name in filter(None, (n.strip() for n in settings.debug.split(","))):
+    for name in settings.debug:
         logging.getLogger(name).setLevel(logging.DEBUG)

@@ -2,8 +2,8 @@
 config is generated from the same settings and pools that place every process's /metrics, written to
 ``<state>/prometheus/prometheus.yml`` with the recording rules of the watch list beside it.
 
-    gateway   http://127.0.0.1:8000/metrics         (PARLEY_GATEWAY_PORT)
-    stages    http://127.0.0.1:9101/metrics         (PARLEY_STAGES_METRICS_PORT)
+    gateway   http://127.0.0.1:8000/metrics         (Settings.ports.gateway)
+    stages    http://127.0.0.1:9101/metrics         (Settings.ports.stages_metrics)
     workers   http://127.0.0.1:9111, 9112 /metrics  (metrics_port of each pool in pools.toml)
 """
 from __future__ import annotations

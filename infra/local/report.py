@@ -90,7 +90,7 @@ def render(base_url: str, out: Path, minutes: float, end: float | None = None) -
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--minutes", type=float, default=15.0, help="how far back (default %(default)s)")
-    parser.add_argument("--prometheus", default=None, help="base URL (default: http://127.0.0.1:PARLEY_PROMETHEUS_PORT)")
+    parser.add_argument("--prometheus", default=None, help="base URL (default: `up --with-prometheus`'s)")
     parser.add_argument("--out", type=Path, default=None, help="PNG path (default: <state>/reports/report-<time>.png)")
 
 

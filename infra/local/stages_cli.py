@@ -3,7 +3,7 @@
 Each stage keeps its own consumer group, so any of them can later run as its own
 deployment (``--only NAME``) without changing a line. The process serves every stage's
 metrics (labelled ``stage``), the consumer lag of every group and the reservations
-outstanding on one port (``PARLEY_STAGES_METRICS_PORT``, 9101).
+outstanding on one port (``Settings.ports.stages_metrics``, 9101).
 """
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ import signal
 
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
+from infra.local.wiring import PIPELINE, build_stages
+from topics.runner import run_stages
 
-STAGES = ("admission", "prompt", "scheduler", "persistence", "settlement", "reaper", "usage-rollup", "abandoned")
+STAGES = tuple(PIPELINE)
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--only", action="append", choices=STAGES, help="run just these stages (repeatable)")
     parser.add_argument("--metrics-port", type=int, default=None,
-                        help="Prometheus /metrics port (default: PARLEY_STAGES_METRICS_PORT, 9101; 0: any free one)")
+                        help="Prometheus /metrics port (default: the configured stages metrics port, 9101; 0: any)")
     parser.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on")
 
 
@@ -36,9 +38,7 @@ def run(args: argparse.Namespace) -> int:
 async def _main(settings: Settings, names: tuple[str, ...], metrics_port: int, metrics_host: str) -> None:
     import redis.asyncio as aioredis
 
-    from consumers.stage import run_stages
     from infra.local import telemetry
-    from infra.local.wiring import build_stages
 
     port = telemetry.serve(metrics_port, metrics_host)
     stages, close = await build_stages(settings, names)

@@ -13,6 +13,7 @@ from aiokafka.errors import KafkaError
 from prometheus_client import Gauge, start_http_server
 from redis.exceptions import RedisError
 
+from infra.config.pools import load_pools
 from infra.config.settings import Settings
 from infra.stores import keys
 from topics.clients import make_consumer
@@ -36,7 +37,7 @@ async def poll(settings: Settings, redis: Any, every_s: float = POLL_S) -> None:
     reader = make_consumer(settings.kafka_bootstrap, group_id=None)
     await admin.start()
     await reader.start()
-    groups = catalogue_groups(settings.topic_prefix)
+    groups = catalogue_groups(settings.topic_prefix, load_pools(settings))
     try:
         while True:
             try:

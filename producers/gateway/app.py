@@ -36,7 +36,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="A chat service that streams LLM replies token by token over an event pipeline.")
     app.state.gateway = gateway
-    _error_handlers(app)
+    install_error_handlers(app)
     from producers.gateway import (
         routes_chat,
         routes_conversations,
@@ -83,7 +83,7 @@ def _offline_docs(app: FastAPI) -> None:
                                    swagger_favicon_url="/docs-assets/favicon-32x32.png")
 
 
-def _error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return _render(request, exc)

@@ -23,7 +23,7 @@ TTFT = Histogram("parley_gateway_ttft_seconds", "POST accepted to first delta se
 STREAM_RATE = Histogram("parley_gateway_reply_tokens_per_second", "a reply's completion tokens / first delta to end",
                         ["plan", "pool"], buckets=RATE_BUCKETS)
 TOKENS = Counter("parley_gateway_completion_tokens", "completion tokens of finished replies", ["plan", "pool"])
-REPLIES = Counter("parley_gateway_replies", "replies that ended, by stop reason", ["plan", "pool", "stop_reason"])
+REPLY_ENDS = Counter("parley_gateway_replies", "replies that ended, by stop reason", ["plan", "pool", "stop_reason"])
 REFUSALS = Counter("parley_gateway_refusals", "requests refused (quota, overload, invalid), by HTTP status",
                    ["plan", "status"])
 RECONNECTS = Counter("parley_gateway_stream_reconnects", "streams resumed with Last-Event-ID", ["plan"])
@@ -53,7 +53,7 @@ class ReplyWatch:
         elif isinstance(event, GenerationFinished) and not self.done:
             self.done = True
             out = event.usage.completion_tokens
-            REPLIES.labels(plan=self.plan, pool=self.pool, stop_reason=STOP_REASONS.get(event.status, "end")).inc()
+            REPLY_ENDS.labels(plan=self.plan, pool=self.pool, stop_reason=STOP_REASONS.get(event.status, "end")).inc()
             TOKENS.labels(plan=self.plan, pool=self.pool).inc(out)
             if self.first_delta_at is not None and out > 1 and now > self.first_delta_at:
                 STREAM_RATE.labels(plan=self.plan, pool=self.pool).observe(out / (now - self.first_delta_at))

@@ -15,8 +15,7 @@ import pytest
 import yaml
 
 from infra.config.settings import Settings
-from infra.deploy.topics import CHART, TOPICS_FILE, topics_document
-from topics import CATALOGUE
+from infra.deploy.topics import CHART, TOPICS_FILE, deployed_topics, topics_document
 
 SCHEMA_SRC = Path(__file__).resolve().parents[2] / "infra" / "deploy" / "schemas"
 
@@ -49,9 +48,10 @@ def test_topics_file_is_generated_from_the_catalogue() -> None:
 @needs_helm
 def test_rendered_topics_equal_the_catalogue() -> None:
     topics = {t["spec"]["topicName"]: t["spec"] for t in _kind(_render(), "KafkaTopic")}
-    assert set(topics) == {t.name for t in CATALOGUE}
-    for t in CATALOGUE:
-        spec = topics[t.name]
+    catalogue = deployed_topics()
+    assert set(topics) == {name for name, _ in catalogue} and len(catalogue) == 12
+    for name, t in catalogue:
+        spec = topics[name]
         assert (spec["partitions"], spec["replicas"]) == (t.partitions, 3)
         assert spec["config"] == {"retention.ms": t.retention_ms, "cleanup.policy": t.cleanup_policy,
                                   "min.insync.replicas": 2}
@@ -74,7 +74,7 @@ def test_one_deployment_per_stage_and_gpu_workers_scaled_on_their_lanes() -> Non
     large = scaled["parley-worker-large"]
     assert large["minReplicaCount"] == 2
     assert {(t["metadata"]["topic"], t["metadata"]["consumerGroup"]) for t in large["triggers"]} == {
-        ("generate.large.paid", "worker.large"), ("generate.large.free", "worker.large")}
+        ("generate.large.paid", "generation.large"), ("generate.large.free", "generation.large")}
     hpa = _kind(docs, "HorizontalPodAutoscaler")[0]["spec"]
     assert hpa["scaleTargetRef"]["name"] == "parley-gateway" and hpa["minReplicas"] >= 2
     k8ssandra = _kind(docs, "K8ssandraCluster")[0]["spec"]["cassandra"]["datacenters"][0]

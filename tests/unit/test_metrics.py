@@ -14,6 +14,7 @@ from infra.config import logs
 from producers.gateway.metrics import ReplyWatch
 from schemas import GenerationFinished, GenerationQueued, RequestRefused, TokensAppended, Usage
 from topics.metrics import catalogue_groups, lag_by_topic
+from topics.runner import current_stage
 
 
 def _sample(name: str, **labels: str) -> float:
@@ -88,11 +89,11 @@ def test_lag_is_end_minus_committed_and_counts_an_uncommitted_partition_from_its
     assert lag == {"a": 3 + 3, "b": 0}
 
 
-def test_every_catalogue_group_with_its_topics_under_a_prefix() -> None:
-    groups = catalogue_groups("t.")
-    assert groups["t.worker.large"] == ["t.generate.large.paid", "t.generate.large.free"]
-    assert "t.chat.replies" in groups["t.settlement"] and "t.chat.replies" in groups["t.scheduler"]
-    assert not any("(" in g for g in groups)  # the gateway's and workers' group-less readers have no lag
+def test_every_stage_group_and_one_per_pool_under_a_prefix() -> None:
+    groups = catalogue_groups("t.", ["large", "small"])
+    assert {"t.admission", "t.prompt", "t.scheduler", "t.settlement", "t.persistence"} <= set(groups)
+    assert {"t.generation.large", "t.generation.small"} <= set(groups)
+    assert "t.gateway" not in groups  # the gateway reads without a group: it has no lag
 
 
 def test_json_log_line_carries_process_stage_ids_and_counts_but_not_other_extras() -> None:
@@ -102,12 +103,12 @@ def test_json_log_line_carries_process_stage_ids_and_counts_but_not_other_extras
     log = logging.getLogger("test.json")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    token = logs.current_stage.set("worker")
+    token = current_stage.set("worker")
     try:
         log.info("generation %s complete", "g1", extra={"generation_id": "g1", "completion_tokens": 12,
                                                          "content": "never logged"})
     finally:
-        logs.current_stage.reset(token)
+        current_stage.reset(token)
         log.removeHandler(handler)
     line = json.loads(stream.getvalue())
     assert {k: line[k] for k in ("level", "process", "stage", "msg", "generation_id", "completion_tokens")} == {
