@@ -11,6 +11,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from schemas.scheduler import LANES
+
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Queueing is seconds, not milliseconds: the free plan's wait limit is 10 s.
 _QUEUE = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 60)
@@ -57,6 +59,9 @@ class WorkerMetrics:
                                   ["pool"], registry=r).labels(**p)
         self.failures = Counter("parley_worker_failures", "generations that ended failed", ["pool"],
                                 registry=r).labels(**p)
+        for lane in LANES:  # exported at 0 from the start, so the first request's increase is seen by rate()
+            self.queue_time.labels(pool=pool, lane=lane)
+            self.lane_tokens.labels(pool=pool, lane=lane)
         self._usd_per_s = gpu_hour_usd * gpus / 3600
         self._busy_since: float | None = None
         self.prompt_tokens = 0

@@ -133,5 +133,7 @@ async def test_watch_list_reads_back_through_promql(service: Service, prom: str,
 
     counts = render(prom, REPORT, minutes=5)
     assert REPORT.stat().st_size > 10_000
-    assert all(n > 0 for n in counts.values()), counts
+    queue = await _value(prom, "count(parley_worker_queue_seconds_bucket)")
+    rate = await _value(prom, "sum(rate(parley_worker_queue_seconds_count[5m]))")
+    assert all(n > 0 for n in counts.values()), (counts, queue, rate)
 
