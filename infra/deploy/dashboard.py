@@ -15,7 +15,7 @@ DASHBOARD_FILE = Path(__file__).with_name("grafana") / "parley.json"
 _BY_OUTCOME = ('sum by (plan, outcome) (rate(parley_scheduler_decisions_total{outcome!="routed"}[5m]))'
                " / ignoring(outcome) group_left sum by (plan) (rate(parley_scheduler_decisions_total[5m]))")
 DS = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
-# (title, unit, [(legend, expr)]); a slot is kept for the safety block rate, which the output check will add.
+# (title, unit, [(legend, expr)])
 PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("TTFT p50 / p95 by plan (gateway, end to end)", "s",
      [("p50 {{plan}}", RULES["parley:ttft_seconds:p50"]), ("p95 {{plan}}", RULES["parley:ttft_seconds:p95"])]),
@@ -35,7 +35,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
      [("{{plan}}", "sum by (plan) (rate(parley_gateway_stream_reconnects_total[5m]))")]),
     ("Refusals per second by HTTP status", "short",
      [("{{status}}", "sum by (status) (rate(parley_gateway_refusals_total[5m]))")]),
-    ("Safety block rate (added with the output safety check)", "percentunit", []),
+    ("Safety block rate by check and plan", "percentunit",
+     [("{{check}} {{plan}}", RULES["parley:safety_block:ratio"])]),
 ]
 
 

@@ -36,6 +36,9 @@ RULES: dict[str, str] = {
     "parley:cost_per_1000_replies:usd": "1000 * sum(rate(parley_worker_cost_usd_total[5m])) "
                                         "/ sum(rate(parley_worker_replies_total[5m]))",
     "parley:consumer_lag:records": "sum by (group) (parley_kafka_consumer_lag_records)",
+    # the safety checks' own counters (consumers/safety/metrics.py): input in the stages, output in the workers
+    "parley:safety_block:ratio": "sum by (check, plan) (rate(parley_safety_blocks_total[5m])) "
+                                 "/ sum by (check, plan) (rate(parley_safety_checks_total[5m]))",
 }
 
 

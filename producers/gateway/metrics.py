@@ -28,8 +28,6 @@ REFUSALS = Counter("parley_gateway_refusals", "requests refused (quota, overload
                    ["plan", "status"])
 RECONNECTS = Counter("parley_gateway_stream_reconnects", "streams resumed with Last-Event-ID", ["plan"])
 OPEN_STREAMS = Gauge("parley_gateway_open_streams", "SSE streams open on this gateway")
-# Safety block rate goes here beside the refusals once the output check exists:
-# parley_gateway_safety_blocks_total{plan}, a reply cut by the safety check.
 STOP_REASONS = {"complete": "end", "stopped": "stopped", "length": "length", "failed": "error"}
 
 

@@ -127,6 +127,9 @@ async def test_watch_list_reads_back_through_promql(service: Service, prom: str,
                         lambda v: v == 0) == 0
     assert await _until(prom, "parley_reservations_outstanding", lambda v: v >= 0) >= 0
     assert await _until(prom, 'sum(parley_gateway_stream_reconnects_total{plan="free"})', lambda v: v >= 1) >= 1
+    # Safety: every message went through the input check, every reply through the output check.
+    assert await _until(prom, 'sum(parley_safety_checks_total{check="input"})', lambda v: v >= replies) >= replies
+    assert await _value(prom, "sum(parley_safety_blocks_total) or vector(0)") == 0  # nothing here is flagged
     # Every stage of the stages process is labelled and counted.
     for stage in ("admission", "prompt", "scheduler", "persistence", "settlement"):
         assert await _until(prom, f'sum(parley_stage_records_total{{stage="{stage}"}})', lambda v: v > 0) > 0
