@@ -22,6 +22,7 @@ from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Refusal, Reservation
+from infra.stores.sealing import Sealer
 from schemas import MessageSubmitted, RequestAdmitted, RequestRefused
 from topics import Topics
 from topics.catalogue import POOLS
@@ -136,10 +137,11 @@ class Admission:
 
 
 def build_stage(settings: Settings, redis: Any, plans: Mapping[str, Plan], *, quota: Quota | None = None,
-                rules: AdmissionRules | None = None) -> Stage:
+                rules: AdmissionRules | None = None, sealer: Sealer | None = None) -> Stage:
     """The admission consumer group, ready for ``Stage.run`` / ``run_stages``."""
     quota = quota or Quota.configured(redis, plans, scope=settings.topic_prefix)
     admission = Admission(quota, plans, rules or AdmissionRules.from_settings(settings),
                           Topics(settings.topic_prefix))
     # Keyed by user: one user's requests stay in order (their reservations), other users' go concurrently.
-    return Stage("admission", settings, "requests", (MessageSubmitted,), admission.handle, per_key=True)
+    return Stage("admission", settings, "requests", (MessageSubmitted,), admission.handle, per_key=True,
+                 sealer=sealer)

@@ -35,8 +35,8 @@ class TokensAppended(Event, frozen=True, kw_only=True):
     conversation_id: str
     user_id: str
     seq: int  # per generation, from 0, no gaps
-    text: str
-    token_ids: list[int]
+    text: str  # sealed
+    token_ids: list[int] | str  # str: sealed
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,7 +16,7 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     user_message_id: str
     assistant_message_id: str
     turn: int
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | str  # str: sealed
     max_tokens: int
     reserved_tokens: int
     turns_kept: int = 0

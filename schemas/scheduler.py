@@ -33,7 +33,7 @@ class GenerationRequested(Event, frozen=True, kw_only=True):
     plan: Plan
     pool: str
     lane: Lane
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | str  # str: sealed
     max_tokens: int
     priority: int = 0  # lower runs first (vLLM's convention)
     message_id: str = ""  # the assistant message this generation writes

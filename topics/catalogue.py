@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from schemas import (
     CancelRequested,
+    ConversationDeleted,
+    ConversationPurged,
     Event,
     EventDeadLettered,
     GenerationFinished,
@@ -67,6 +69,12 @@ def _catalogue() -> tuple[Topic, ...]:
               ("gateway", "scheduler"), ("worker (assigned, no group)",)),
         Topic("usage", "user_id", (UsageRecorded,), 6, 30 * DAY_MS,
               ("settlement",), ("usage-rollup", "billing")),
+        # Deletions: the purge stage removes what the conversation left behind; the audit keeps a year of
+        # what was removed (ids and counts, never text).
+        Topic("chat.deletions", "conversation_id", (ConversationDeleted,), 3, 7 * DAY_MS,
+              ("gateway", "retention"), ("purge",)),
+        Topic("audit.purges", "conversation_id", (ConversationPurged,), 1, 365 * DAY_MS,
+              ("purge",), ()),
         Topic("chat.deadletter", "source topic", (EventDeadLettered,), 1, 14 * DAY_MS,
               ("every consumer",), ()),
     )
@@ -99,6 +107,8 @@ class Topics:
         self.control = self._n("chat.control")
         self.usage = self._n("usage")
         self.deadletter = self._n("chat.deadletter")
+        self.deletions = self._n("chat.deletions")
+        self.purges = self._n("audit.purges")
 
     def _n(self, name: str) -> str:
         return f"{self.prefix}{name}"

@@ -19,6 +19,7 @@ from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
 from consumers.stage import Out, Stage
 from infra.config.plans import Plan
 from infra.config.settings import Settings
+from infra.stores.sealing import Sealer
 from schemas import (
     GenerationFinished,
     GenerationQueued,
@@ -122,14 +123,15 @@ class SchedulerStage:
 
     name = "scheduler"
 
-    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any],
+                 sealer: Sealer | None = None) -> None:
         self.settings = settings
         topics = Topics(settings.topic_prefix)
         queues = Queues({name: PoolLoad(capacity=cfg.max_num_seqs, prior_rate=max(cfg.max_num_seqs / 20, 0.1))
                          for name, cfg in pools.items()})
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
                                    CannedReplies.load())
-        self.stage = Stage("scheduler", settings, "prompts", (PromptBuilt,), self.scheduler.handle)
+        self.stage = Stage("scheduler", settings, "prompts", (PromptBuilt,), self.scheduler.handle, sealer=sealer)
         self._follower: asyncio.Task[None] | None = None
 
     async def run(self) -> None:

@@ -66,6 +66,9 @@ class Settings:
     reader_timeout_s: float = 30.0  # a reply nobody reads for this long is cancelled
     admission_wait_s: float = 10.0  # how long a POST waits for admission before streaming anyway
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
+    key_cache_s: float = 10.0  # how long a process keeps a conversation's unwrapped data key
+    purge_delay_s: float = 15.0  # the purge waits this long after a delete (longer than key_cache_s)
+    retention_sweep_s: float = 3600.0  # how often conversations past their plan's retention_days are deleted
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -92,6 +95,9 @@ class Settings:
             reader_timeout_s=float(_env("READER_TIMEOUT_S", str(cls.reader_timeout_s))),
             admission_wait_s=float(_env("ADMISSION_WAIT_S", str(cls.admission_wait_s))),
             local_mode=_env_bool("LOCAL_MODE", is_loopback(cls.host)),
+            key_cache_s=float(_env("KEY_CACHE_S", str(cls.key_cache_s))),
+            purge_delay_s=float(_env("PURGE_DELAY_S", str(cls.purge_delay_s))),
+            retention_sweep_s=float(_env("RETENTION_SWEEP_S", str(cls.retention_sweep_s))),
         )
 
     def with_(self, **changes: object) -> Settings:

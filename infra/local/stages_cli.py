@@ -12,7 +12,8 @@ import signal
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
 
-STAGES = ("admission", "prompt", "scheduler", "persistence", "settlement", "reaper", "usage-rollup", "abandoned")
+STAGES = ("admission", "prompt", "scheduler", "persistence", "settlement", "reaper", "usage-rollup", "abandoned",
+          "purge", "retention")
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:

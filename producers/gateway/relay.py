@@ -14,6 +14,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from infra.stores.crypto import KeyGone
+from infra.stores.sealing import Sealer
 from schemas import EventDecodeError, decode
 from topics.clients import make_consumer, topic_partitions
 from topics.partitioning import partition_for
@@ -29,8 +31,8 @@ class Aged(Exception):
 
 
 class TokenRelay:
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
+    def __init__(self, bootstrap: str, topic: str, sealer: Sealer | None = None) -> None:
+        self.bootstrap, self.topic, self.sealer = bootstrap, topic, sealer
         self.subs: dict[str, set[asyncio.Queue[tuple[int, Any]]]] = {}
         self.consumer: AIOKafkaConsumer | None = None
         self.partitions = 0
@@ -66,11 +68,14 @@ class TokenRelay:
                     if not queues:
                         continue  # decode only what someone here is reading
                     try:
-                        event = decode(record.value)
-                    except EventDecodeError:
+                        event = await self._open(decode(record.value))
+                    except (EventDecodeError, KeyGone):
                         continue
                     for q in queues:
                         q.put_nowait((record.offset, event))
+
+    async def _open(self, event: Any) -> Any:
+        return await self.sealer.open(event) if self.sealer else event
 
     def subscribe(self, generation_id: str) -> asyncio.Queue[tuple[int, Any]]:
         q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
@@ -114,8 +119,9 @@ class TokenRelay:
                     position = record.offset + 1
                     if record.key and record.key.decode() == generation_id and record.offset < end:
                         try:
-                            yield record.offset, decode(record.value)
-                        except EventDecodeError:
+                            event = await self._open(decode(record.value))
+                        except (EventDecodeError, KeyGone):
                             continue
+                        yield record.offset, event
         finally:
             await reader.stop()
