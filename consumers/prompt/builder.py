@@ -105,7 +105,7 @@ class PromptBuilder:
         """The prompt's token ids (or the refusal when it cannot fit the model)."""
         tok = self.tokenizer_for_pool(req.pool)
         turns: list[Turn] = []
-        if req.history is not None:  # the client sent the whole history (OpenAI-compatible API)
+        if isinstance(req.history, list):  # the client sent the whole history (OpenAI-compatible API)
             fitted = fit_history([(t.role, t.content) for t in req.history], tok.count, self.budget)
         else:
             turns = _turns(history, turn, user_text)
