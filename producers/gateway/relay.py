@@ -12,11 +12,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.stores.crypto import KeyGone
 from infra.stores.sealing import Sealer
-from schemas import EventDecodeError, decode
+from schemas import EventDecodeError, GenerationFinished, decode
 from topics.clients import make_consumer, topic_partitions
 from topics.partitioning import partition_for
 
@@ -75,7 +76,14 @@ class TokenRelay:
                         q.put_nowait((record.offset, event))
 
     async def _open(self, event: Any) -> Any:
-        return await self.sealer.open(event) if self.sealer else event
+        if self.sealer is None:
+            return event
+        try:
+            return await self.sealer.open(event)
+        except KeyGone:
+            if isinstance(event, GenerationFinished):  # deleted mid-reply: the end still ends the stream
+                return msgspec.structs.replace(event, text="")
+            raise
 
     def subscribe(self, generation_id: str) -> asyncio.Queue[tuple[int, Any]]:
         q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
