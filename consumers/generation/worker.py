@@ -6,7 +6,8 @@ Hears every ``CancelRequested`` on ``chat.control`` (no group: a broadcast) and 
 the sequence before the engine's next step. Offsets are committed only past requests
 that have finished. A redelivered request that another worker had started is
 continued from the tokens it saved. Prompts arrive sealed and tokens leave sealed with
-the conversation's data key; a request whose conversation was deleted (key gone)
+the conversation's data key (a request that came unsealed, from a tool that wrote it
+by hand, is answered unsealed); a request whose conversation was deleted (key gone)
 ends at once as ``stopped`` with no text.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from consumers.generation.recovery import Saved, read_saved
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.crypto import KeyGone
-from infra.stores.sealing import Sealer
+from infra.stores.sealing import Sealer, is_sealed
 from schemas import (
     CancelRequested,
     GenerationRequested,
@@ -66,6 +67,7 @@ class GenerationWorker:
                  worker_id: str | None = None, metrics_port: int | None = None,
                  on_ready: Any = None, sealer: Sealer | None = None) -> None:
         self.on_ready, self.sealer = on_ready, sealer
+        self.sealing: set[str] = set()  # generations whose request came sealed: their tokens leave sealed
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
         self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"
         self.topics = Topics(settings.topic_prefix)
@@ -187,10 +189,14 @@ class GenerationWorker:
         try:
             req = await decode_or_deadletter(record, self.producer, self.topics, self.group, (GenerationRequested,))
             if req is not None:
+                if self.sealer is not None and is_sealed(req.prompt_token_ids):  # type: ignore[attr-defined]
+                    self.sealing.add(req.generation_id)  # type: ignore[attr-defined]
                 try:
                     await self._generate(await self._open(req))  # type: ignore[arg-type]
                 except KeyGone:
                     await self._deleted(req)  # type: ignore[arg-type]
+                finally:
+                    self.sealing.discard(req.generation_id)  # type: ignore[attr-defined]
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - one bad request must not take the worker down
@@ -226,7 +232,7 @@ class GenerationWorker:
         return await self.sealer.open(event) if self.sealer else event
 
     async def _seal(self, event: Any) -> Any:
-        return await self.sealer.seal(event) if self.sealer else event
+        return await self.sealer.seal(event) if self.sealer and event.generation_id in self.sealing else event
 
     async def _deleted(self, req: GenerationRequested) -> None:
         """The conversation was deleted: end the reply now, with nothing in it (nothing left to seal it with)."""
