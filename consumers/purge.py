@@ -19,9 +19,11 @@ from infra.stores.crypto import DataKeys
 from infra.stores.purging import purge
 from infra.stores.session import AsyncSession
 from schemas import ConversationDeleted, ConversationPurged
-from topics import Topics
+from topics import Role, Topics
+from topics.catalogue import DEADLETTER, DELETIONS, PURGE, PURGES
 
 log = logging.getLogger(__name__)
+ROLE = Role(PURGE, reads=(DELETIONS,), writes=(PURGES, DEADLETTER))
 
 
 class Purge:
@@ -45,4 +47,4 @@ class Purge:
 def build_stage(settings: Settings, db: AsyncSession, redis: Any, data_keys: DataKeys) -> Stage:
     purger = Purge(db, data_keys, redis, Topics(settings.topic_prefix), settings.purge_delay_s)
     # Keyed by conversation: conversations purge concurrently while each one waits out its delay.
-    return Stage("purge", settings, "deletions", (ConversationDeleted,), purger.handle, per_key=True)
+    return Stage(ROLE, settings, (ConversationDeleted,), purger.handle, per_key=True)

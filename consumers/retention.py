@@ -8,8 +8,6 @@ conversations; a large deployment would index conversations by the day of their 
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -22,37 +20,34 @@ from infra.stores.conversations import Conversations
 from infra.stores.crypto import DataKeys
 from infra.stores.purging import mark_deleted
 from schemas import CancelRequested, ConversationDeleted
-from topics import Topics
+from topics import Role, Topics
+from topics.catalogue import CONTROL, DELETIONS, RETENTION
 from topics.clients import make_producer, send
+from topics.runner import Runner
 
 log = logging.getLogger(__name__)
+ROLE = Role(RETENTION, reads=(), writes=(DELETIONS, CONTROL))  # reads Cassandra, not a topic
 DAY_S = 86_400
 
 
-class RetentionSweeper:
-    name = "retention"
+class RetentionSweeper(Runner):
+    name = ROLE.stage
 
     def __init__(self, settings: Settings, conversations: Conversations, data_keys: DataKeys, redis: Any,
                  plans: Mapping[str, Plan]) -> None:
+        super().__init__()
         self.settings, self.conversations, self.data_keys, self.redis = settings, conversations, data_keys, redis
         self.limits = {name: p.retention_days * DAY_S for name, p in plans.items() if p.retention_days > 0}
         self.topics = Topics(settings.topic_prefix)
         self.producer = make_producer(settings.kafka_bootstrap)
-        self._stopping = asyncio.Event()
 
-    async def run(self) -> None:
-        await self.producer.start()
-        try:
-            while not self._stopping.is_set():
-                if self.limits:
-                    await self.sweep()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self.settings.retention_sweep_s)
-        finally:
-            await self.producer.stop()
+    def clients(self) -> list[Any]:
+        return [self.producer]
 
-    def stop(self) -> None:
-        self._stopping.set()
+    async def step(self) -> None:
+        if self.limits:
+            await self.sweep()
+        await self.idle(self.settings.retention_sweep_s)
 
     async def sweep(self) -> int:
         """Delete what is past its plan's retention now; how many conversations were deleted."""

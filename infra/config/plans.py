@@ -1,15 +1,15 @@
 """Plans (free, paid, private): budgets, bucket, running-reply cap, reply cap, queue wait limit, and
 what is kept: ``retention_days`` (0: until deleted) and ``no_retention`` (no text stored at all).
 
-Read once per process from ``infra/config/plans.toml`` or ``PARLEY_PLANS_FILE``.
+Read once per process from the file ``Settings.plans_file`` names (``infra/config/plans.toml`` by default).
 """
 from __future__ import annotations
 
-import os
 import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from schemas.scheduler import LANES
 
 DEFAULT_FILE = Path(__file__).with_name("plans.toml")
 
@@ -28,12 +28,13 @@ class Plan:
     no_retention: bool = False  # stream only: no text in Cassandra, not listed, no title, key gone at the end
 
 
-def load_plans(environ: Mapping[str, str] | None = None) -> dict[str, Plan]:
-    environ = os.environ if environ is None else environ
-    path = Path(environ.get("PARLEY_PLANS_FILE") or DEFAULT_FILE)
+def load_plans(path: Path = DEFAULT_FILE) -> dict[str, Plan]:
     with path.open("rb") as fh:
         tables = tomllib.load(fh).get("plans", {})
     plans = {name: Plan(name=name, **values) for name, values in tables.items()}
     if not {"free", "paid"} <= set(plans):
         raise ValueError(f"{path} must define plans.free and plans.paid")
+    wrong = sorted(p.name for p in plans.values() if p.lane not in LANES)
+    if wrong:
+        raise ValueError(f"{path}: plans {', '.join(wrong)} name a lane that does not exist; lanes: {', '.join(LANES)}")
     return plans

@@ -22,10 +22,13 @@ from infra.stores.records import Records
 from infra.stores.sealing import Sealer, configured
 from infra.stores.session import AsyncSession, connect
 from producers.gateway.relay import TokenRelay
-from topics import Topics
+from topics import Role, Topics
+from topics.catalogue import CONTROL, DELETIONS, GATEWAY, REQUESTS, TOKENS
 from topics.clients import make_producer
 
 OWNER_TTL_S = 7 * 24 * 3600
+# The gateway reads chat.tokens by assigning partitions (relay.py), without a group.
+ROLE = Role(GATEWAY, reads=(TOKENS,), writes=(REQUESTS, CONTROL, DELETIONS))
 
 
 @dataclass
@@ -42,12 +45,13 @@ class Gateway:
     conversations: Conversations = field(init=False)
     records: Records = field(init=False)
     sealer: Sealer = field(init=False)
-    plans: dict[str, Plan] = field(default_factory=load_plans)
+    plans: dict[str, Plan] = field(default_factory=dict)  # read at start(), from settings.plans_file
     quota: Any = None
     _cluster: Any = None
     _auth_cache: dict[str, tuple[float, User]] = field(default_factory=dict)
 
     async def start(self) -> None:
+        self.plans = self.plans or load_plans(self.settings.plans_file)
         self.topics = Topics(self.settings.topic_prefix)
         self.producer = make_producer(self.settings.kafka_bootstrap)
         await self.producer.start()
