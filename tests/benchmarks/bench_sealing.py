@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from consumers.generation.plan import Limits
+from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.stores.sealing import Sealer, configured
 from infra.stores.session import AsyncSession, connect
