@@ -217,13 +217,15 @@ async def test_no_sent_phrase_is_in_clear_in_any_file_or_log(service: Service, h
     fs = await send(http, alice, cid, f"Tell me about {secret} the okapi.")
     reply = text_of(fs)
     await asyncio.sleep(3)  # persistence and the title
-    flush(service.settings)
     state = service.settings.state_dir
     kafka = [p for p in (state / "kafka" / "data").glob(f"{service.settings.topic_prefix}*") if p.is_dir()]
-    cassandra = [state / "cassandra" / "commitlog", state / "cassandra" / "data" / service.settings.keyspace]
-    # The grep finds what is stored in clear: the conversation id is (a control), the phrase is not.
-    assert grep(cid, kafka) and grep(cid, [state / "cassandra" / "commitlog"])
-    assert not grep(secret, kafka + cassandra)
+    commitlog = [state / "cassandra" / "commitlog"]
+    # The grep finds what is stored in clear: the conversation id is (a control), the phrase is not. The commit
+    # log first: a flush may retire its segments.
+    assert grep(cid, kafka) and grep(cid, commitlog)
+    assert not grep(secret, kafka + commitlog)
+    flush(service.settings)
+    assert not grep(secret, [state / "cassandra" / "data" / service.settings.keyspace])
     long_words = max(reply.split(" "), key=len) if reply else ""
     if len(long_words) >= 8:  # a distinctive piece of the model's reply
         assert not grep(long_words, kafka)
