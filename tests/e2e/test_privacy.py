@@ -210,6 +210,43 @@ async def test_rename_and_delete_every_conversation_of_an_account(http: httpx.As
     assert (await http.get(f"/v1/conversations/{theirs}/messages", headers=bob.headers)).status_code == 200
 
 
+def grep(needle: str, paths: list[Path]) -> bool:
+    existing = [str(p) for p in paths if p.exists()]
+    if not existing:
+        return False
+    r = subprocess.run(["grep", "-rlaF", needle, *existing], capture_output=True, timeout=120)
+    return r.returncode == 0
+
+
+def flush(settings: Settings) -> None:
+    """nodetool flush: memtables to SSTables, so the data files hold what was written."""
+    from infra.local.services import java
+    from infra.local.services.cassandra import MODULE_FLAGS
+
+    lib = settings.cache_dir / "cassandra-5.0.8" / "lib"
+    home = settings.state_dir / "nodetool"
+    home.mkdir(parents=True, exist_ok=True)
+    subprocess.run([str(java.find_java17()), *MODULE_FLAGS, f"-Dcassandra.logdir={home}", f"-Duser.home={home}",
+                    "-cp", f"{lib}/*", "org.apache.cassandra.tools.NodeTool", "-h", settings.host, "-p",
+                    str(settings.ports.cassandra_jmx), "flush", settings.keyspace],
+                   check=True, capture_output=True, timeout=120)
+    time.sleep(1)
+
+
+async def test_a_conversation_made_by_the_openai_endpoint_deletes_the_same_way(http: httpx.AsyncClient,
+                                                                                alice: Caller) -> None:
+    r = await http.post("/v1/chat/completions", headers=alice.headers, json={
+        "model": "small", "max_tokens": 8, "messages": [{"role": "user", "content": f"Hi {phrase()}"}]})
+    assert r.status_code == 200, r.text
+    cid, gid = r.headers["X-Conversation-Id"], r.headers["X-Generation-Id"]
+    assert (await http.get(f"/v1/conversations/{cid}/messages", headers=alice.headers)).status_code == 200
+    assert (await http.delete(f"/v1/conversations/{cid}", headers=alice.headers)).status_code == 204
+    assert (await http.get(f"/v1/conversations/{cid}/messages", headers=alice.headers)).status_code == 404
+    assert (await http.get(f"/v1/generations/{gid}/stream", headers=alice.headers)).status_code == 404
+    listed = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]
+    assert cid not in [c["conversation_id"] for c in listed]
+
+
 async def test_no_sent_phrase_is_in_clear_in_any_file_or_log(service: Service, http: httpx.AsyncClient,
                                                              alice: Caller, db: Any) -> None:
     secret = phrase()
@@ -232,25 +269,3 @@ async def test_no_sent_phrase_is_in_clear_in_any_file_or_log(service: Service, h
     logs = list(service.log_dir.glob("*.log"))
     assert logs and all(not grep(p, logs) for p in SENT), "a sent phrase is in a log"
 
-
-def grep(needle: str, paths: list[Path]) -> bool:
-    existing = [str(p) for p in paths if p.exists()]
-    if not existing:
-        return False
-    r = subprocess.run(["grep", "-rlaF", needle, *existing], capture_output=True, timeout=120)
-    return r.returncode == 0
-
-
-def flush(settings: Settings) -> None:
-    """nodetool flush: memtables to SSTables, so the data files hold what was written."""
-    from infra.local.services import java
-    from infra.local.services.cassandra import MODULE_FLAGS
-
-    lib = settings.cache_dir / "cassandra-5.0.8" / "lib"
-    home = settings.state_dir / "nodetool"
-    home.mkdir(parents=True, exist_ok=True)
-    subprocess.run([str(java.find_java17()), *MODULE_FLAGS, f"-Dcassandra.logdir={home}", f"-Duser.home={home}",
-                    "-cp", f"{lib}/*", "org.apache.cassandra.tools.NodeTool", "-h", settings.host, "-p",
-                    str(settings.ports.cassandra_jmx), "flush", settings.keyspace],
-                   check=True, capture_output=True, timeout=120)
-    time.sleep(1)
