@@ -5,6 +5,7 @@ from typing import Literal
 
 from schemas.base import Event
 from schemas.gateway import ChatTurn, PlanName
+from schemas.sampling import Sampling
 
 
 class RequestAdmitted(Event, frozen=True, kw_only=True):
@@ -25,10 +26,11 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     route_reason: str = "default"  # why this pool: default, requested, classifier
     temperature: float | None = None
     history: list[ChatTurn] | str | None = None  # str: sealed
+    sampling: Sampling | str | None = None
 
 
 RefusalReason = Literal[
-    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long"
+    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long", "blocked"
 ]
 
 

@@ -18,6 +18,7 @@ from schemas.errors import MalformedEvent, UnsupportedVersion
 from schemas.gateway import CancelRequested, MessageSubmitted
 from schemas.generation import GenerationFinished, GenerationStarted, TokensAppended
 from schemas.prompt import PromptBuilt
+from schemas.safety import GenerationRetracted, InputBlocked
 from schemas.scheduler import GenerationQueued, GenerationRequested
 from schemas.settlement import UsageRecorded
 
@@ -26,11 +27,13 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     CancelRequested,
     RequestAdmitted,
     RequestRefused,
+    InputBlocked,
     PromptBuilt,
     GenerationQueued,
     GenerationRequested,
     GenerationStarted,
     TokensAppended,
+    GenerationRetracted,
     GenerationFinished,
     UsageRecorded,
     EventDeadLettered,

@@ -6,6 +6,7 @@ from typing import Literal
 import msgspec
 
 from schemas.base import Event
+from schemas.sampling import Sampling
 
 PlanName = Literal["free", "paid", "private"]  # the account plans (their limits: infra/config/plans.py `Plan`)
 
@@ -34,6 +35,7 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     temperature: float | None = None
     history: list[ChatTurn] | str | None = None  # set: the prompt is this history (str: sealed)
     gateway_id: str = ""
+    sampling: Sampling | str | None = None  # the client's sampling parameters; None: Parley's defaults
 
 
 class CancelRequested(Event, frozen=True, kw_only=True):

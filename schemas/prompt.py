@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from schemas.base import Event
 from schemas.gateway import PlanName
+from schemas.sampling import Sampling
 
 
 class PromptBuilt(Event, frozen=True, kw_only=True):
@@ -24,3 +25,4 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     route_reason: str = "default"
     temperature: float | None = None
     question: str = ""  # the user's message, for the last-resort tier's prepared replies
+    sampling: Sampling | str | None = None

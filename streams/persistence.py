@@ -84,7 +84,9 @@ class Persistence:
             tokens_in=e.usage.prompt_tokens, tokens_out=e.usage.completion_tokens,
             tokens_cached=e.usage.cached_prompt_tokens, model=e.model, pool=e.pool, parent_id=e.parent_id,
             generation_id=e.generation_id, route_reason=e.route_reason,
-            created_at=existing.created_at if existing else finished_at, finished_at=finished_at))
+            created_at=existing.created_at if existing else finished_at, finished_at=finished_at,
+            block_category=e.block.category if e.block else None,
+            rules_version=e.block.rules_version if e.block else None))
         await self._save_generation(e)
         await self.conversations.touch(conv, finished_at)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,

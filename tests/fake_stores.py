@@ -77,7 +77,8 @@ class FakeQuota:
 
     async def settle(self, generation_id: str, tokens_in: int, tokens_out: int, *, tokens_cached: int = 0,
                      status: str = "complete", model: str = "", pool: str = "", started_at: float = 0.0,
-                     finished_at: float = 0.0, now: float | None = None) -> Settled | None:
+                     finished_at: float = 0.0, now: float | None = None, block_category: str = "",
+                     rules_version: str = "") -> Settled | None:
         if self.failures_left:
             from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -89,7 +90,7 @@ class FakeQuota:
             return None
         marker = settled_marker(generation_id, reserved=reservation.amount, tokens_in=tokens_in,
                                 tokens_out=tokens_out, charged=tokens_in + tokens_out, status=status, model=model,
-                                pool=pool)
+                                pool=pool, block_category=block_category, rules_version=rules_version)
         self.markers[generation_id] = marker
         return marker
 

@@ -21,7 +21,9 @@ from schemas import (
     GenerationFinished,
     GenerationQueued,
     GenerationRequested,
+    GenerationRetracted,
     GenerationStarted,
+    InputBlocked,
     MessageSubmitted,
     PromptBuilt,
     RequestAdmitted,
@@ -73,14 +75,15 @@ class Topic:
 
 REQUESTS = Topic("requests", "chat.requests", "user_id", (MessageSubmitted,), 6, 7 * DAY_MS,
                  (GATEWAY,), (ADMISSION,))
-ADMITTED = Topic("admitted", "chat.admitted", "conversation_id", (RequestAdmitted,), 6, 7 * DAY_MS,
+ADMITTED = Topic("admitted", "chat.admitted", "conversation_id", (RequestAdmitted, InputBlocked), 6, 7 * DAY_MS,
                  (ADMISSION,), (PROMPT,))
 PROMPTS = Topic("prompts", "chat.prompts", "conversation_id", (PromptBuilt,), 6, 7 * DAY_MS,
                 (PROMPT,), (SCHEDULER,))
 # The token buffer: 10 minutes, the seed's TTL. Readers find a generation's partition from its key, so the
 # SSE event id can be the bare offset.
 TOKENS = Topic("tokens", "chat.tokens", "generation_id",
-               (RequestRefused, GenerationQueued, GenerationStarted, TokensAppended, GenerationFinished),
+               (RequestRefused, GenerationQueued, GenerationStarted, TokensAppended, GenerationRetracted,
+                GenerationFinished),
                6, 10 * MINUTE_MS, (ADMISSION, PROMPT, SCHEDULER, GENERATION), (GATEWAY, GENERATION, ABANDONED))
 REPLIES = Topic("replies", "chat.replies", "conversation_id", (GenerationFinished,), 6, 7 * DAY_MS,
                 (GENERATION, SCHEDULER), (SETTLEMENT, PERSISTENCE, SCHEDULER, REAPER))

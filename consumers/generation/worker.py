@@ -3,7 +3,9 @@ runs each request on the engine, appends ``GenerationStarted`` / ``TokensAppende
 ``GenerationFinished`` to ``chat.tokens`` and the finish to ``chat.replies``.
 
 Hears every ``CancelRequested`` on ``chat.control`` (no group: a broadcast) and aborts
-the sequence before the engine's next step. Offsets are committed only past requests
+the sequence before the engine's next step. The output safety check runs here, beside the
+engine loop (``consumers/safety/output.py``): a flagged chunk aborts the sequence the same way,
+then ``GenerationRetracted`` and a ``blocked`` finish go out. Offsets are committed only past requests
 that have finished. A redelivered request that another worker had started is
 continued from the tokens it saved. Prompts arrive sealed and tokens leave sealed with
 the conversation's data key (a request that came unsealed, from a tool that wrote it
@@ -25,10 +27,13 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from consumers.generation.decisions import Finish, Generate, Limits, decide, finished_event, status_for
-from consumers.generation.engine import Sampling
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
 from consumers.generation.recovery import Saved, read_saved
+from consumers.generation.sampling import for_request
+from consumers.safety.classifier import Verdict
+from consumers.safety.metrics import SafetyMetrics
+from consumers.safety.output import OutputCheck, OutputGuard
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.crypto import KeyGone
@@ -69,7 +74,7 @@ class _Rebalance(ConsumerRebalanceListener):
 class GenerationWorker:
     def __init__(self, settings: Settings, limits: Limits, engine: Any, capacity: int,
                  worker_id: str | None = None, metrics_port: int | None = None,
-                 on_ready: Any = None, sealer: Sealer | None = None) -> None:
+                 on_ready: Any = None, classifier: Any = None, sealer: Sealer | None = None) -> None:
         self.on_ready, self.sealer = on_ready, sealer
         self.sealing: set[str] = set()  # generations whose request came sealed: their tokens leave sealed
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
@@ -80,6 +85,7 @@ class GenerationWorker:
         self.tracker = OffsetTracker()
         self.metrics = WorkerMetrics(limits.pool)
         self.metrics_port = metrics_port
+        self.safety = None if classifier is None else OutputCheck(classifier, SafetyMetrics.of(self.metrics.registry))
         self.active: dict[str, asyncio.Task[None]] = {}
         self.cancelled: dict[str, float] = {}  # generation_id -> when the cancel was heard
         self._slot_freed = asyncio.Event()
@@ -251,8 +257,10 @@ class GenerationWorker:
         prompt_tokens, cached, finish_reason = len(req.prompt_token_ids), 0, None
         first_token_at = saved.started.first_token_at if saved.started else 0.0
         announced, last_append = saved.started is not None, 0.0
+        guard = self.safety.start(req.plan, req.purpose) if self.safety is not None else None
+        shown, blocked = gen.first_seq - 1, None  # the last seq handed to the producer; the flagged verdict
         try:
-            sampling = Sampling(temperature=req.temperature, top_p=0.95 if req.temperature > 0 else 1.0)
+            sampling = for_request(req, saved_tokens=len(saved.token_ids), max_tokens=gen.max_tokens)
             async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
                                                   gen.priority, sampling):
                 now = time.time()
@@ -266,10 +274,14 @@ class GenerationWorker:
                     announced, first_token_at = True, now
                     pending.append(await self._started(req, first_token_at, cached, gen.resumed))
                 if out.token_ids or out.text:
-                    pending.append(await self.producer.send(self.topics.tokens, encode(await self._seal(TokensAppended(
-                        generation_id=req.generation_id, conversation_id=req.conversation_id,
-                        user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids)))),
-                        key=req.generation_id.encode()))
+                    step = TokensAppended(generation_id=req.generation_id, conversation_id=req.conversation_id,
+                                          user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids),
+                                          logprobs=out.logprobs)
+                    if guard is not None and guard.holds:
+                        guard.hold(step)  # shown once its chunk has passed the check
+                    else:
+                        pending.append(await self._append(step))
+                        shown = seq
                     seq += 1
                     text.append(out.text)
                     completion += len(out.token_ids)
@@ -277,6 +289,13 @@ class GenerationWorker:
                 if last_append:
                     self.metrics.itl.observe(now - last_append)
                 last_append = now
+                if guard is not None and guard.add(out.text, len(out.token_ids), out.finished):
+                    blocked = await self._checked(req, guard)
+                    if blocked is not None:
+                        break
+                    for held in guard.passed():
+                        pending.append(await self._append(held))
+                        shown = held.seq
                 if out.finished:
                     finish_reason = out.finish_reason
                     break
@@ -290,11 +309,28 @@ class GenerationWorker:
             log.exception("generation %s failed in the engine", req.generation_id)
             status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
         await asyncio.gather(*pending)
-        if status == "stopped":
+        if status == "stopped" and blocked is None:
             self.metrics.aborts.inc()
+        block = None
+        if blocked is not None and self.safety is not None:
+            notice = await self.safety.retract(self.producer, self.redis, self.topics.tokens, req, blocked, shown)
+            status, block, text, seq = "blocked", blocked.block("output"), [notice], shown + 1
+            reason = f"output check: {block.category} ({block.score:.2f}), rules {block.rules_version}"
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion, cached_prompt_tokens=cached)
         await self._finish(finished_event(req, self.limits, self.worker_id, status, "".join(text), usage,
-                                          seq - 1, reason, picked_at, first_token_at))
+                                          seq - 1, reason, picked_at, first_token_at, block))
+
+    async def _append(self, step: TokensAppended) -> asyncio.Future[Any]:
+        """Checked (when held back) in clear here; sealed on the way out."""
+        return await self.producer.send(self.topics.tokens, encode(await self._seal(step)),
+                                        key=step.generation_id.encode())
+
+    async def _checked(self, req: GenerationRequested, guard: OutputGuard) -> Verdict | None:
+        """Classify the chunk just completed; a flagged one aborts the sequence before the next step."""
+        verdict = await self.safety.check(guard, req)  # type: ignore[union-attr]  # a guard implies safety
+        if verdict.flagged:
+            await self.engine.abort(req.generation_id)
+        return verdict if verdict.flagged else None
 
     async def _started(self, req: GenerationRequested, first_token_at: float, cached: int,
                        resumed: bool) -> asyncio.Future[Any]:

@@ -86,7 +86,7 @@ class Scheduler:
                 priority=LANE_PRIORITY[decision.lane], message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
                 route_reason=decision.reason if decision.reason == "overflow" else p.route_reason,
-                enqueued_at=time.time(), **_temperature(p)),
+                enqueued_at=time.time(), sampling=p.sampling, **_temperature(p)),
                 p.conversation_id, partition),
         ]
 

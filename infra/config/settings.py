@@ -92,6 +92,7 @@ class Settings:
     plans_file: Path = CONFIG_DIR / "plans.toml"
     pools_file: Path = CONFIG_DIR / "pools.toml"
     canned_file: Path = CONFIG_DIR / "canned.toml"
+    safety_file: Path = CONFIG_DIR / "safety.toml"  # content rules; re-read when the file changes
     pool_overrides: tuple[tuple[str, str], ...] = ()  # ("LARGE_MAX_SEQS", "32"): PARLEY_POOL_<NAME>_<FIELD>
     debug: tuple[str, ...] = ()  # loggers run at DEBUG
     # deletion and erasure
@@ -189,6 +190,7 @@ VARS: tuple[Var, ...] = (
     Var("PLANS_FILE", "plans_file", _path),
     Var("POOLS_FILE", "pools_file", _path),
     Var("CANNED_FILE", "canned_file", _path),
+    Var("SAFETY_FILE", "safety_file", _path),
     Var("DEBUG", "debug", _names),
     Var("TOKEN", "token", str),
     Var("KEY_CACHE_S", "key_cache_s", float),

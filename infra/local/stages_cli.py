@@ -19,11 +19,17 @@ STAGES = tuple(PIPELINE)
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--only", action="append", choices=STAGES, help="run just these stages (repeatable)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus /metrics (the input check's counters and latency) on this port")
 
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     logconfig.configure(settings.debug)
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr="127.0.0.1")
     asyncio.run(_main(settings, tuple(args.only or STAGES)))
     return 0
 

@@ -20,10 +20,12 @@ from consumers.abandoned import AbandonedDetector
 from consumers.prompt import builder
 from consumers.prompt.tokenizer import ChatTokenizer, tokenizer_for
 from consumers.retention import RetentionSweeper
+from consumers.safety.classifier import EmbeddedClassifier
 from consumers.scheduler.stage import SchedulerStage
 from consumers.stage import Stage
 from infra.config.plans import Plan, load_plans
 from infra.config.pools import PoolConfig, load_pools
+from infra.config.safety import RulesFile
 from infra.config.settings import Settings
 from infra.local.model import ready_pool
 from infra.stores.conversations import Conversations
@@ -31,7 +33,7 @@ from infra.stores.quota import Quota
 from infra.stores.records import Records
 from infra.stores.sealing import Sealer, configured
 from infra.stores.session import AsyncSession, connect
-from schemas import RequestAdmitted
+from schemas import InputBlocked, RequestAdmitted
 from streams import persistence, settlement, usage_rollup
 from streams.app import FaustStage, make_app
 from streams.reaper import Reaper
@@ -73,7 +75,8 @@ class Resources:
 
 
 def admission_stage(r: Resources) -> Stage:
-    return admission.build_stage(r.settings, r.quota, r.plans, r.pools, sealer=r.sealer)
+    classifier = EmbeddedClassifier(RulesFile(r.settings.safety_file))  # the input check
+    return admission.build_stage(r.settings, r.quota, r.plans, r.pools, classifier=classifier, sealer=r.sealer)
 
 
 def prompt_stage(r: Resources) -> Stage:
@@ -81,7 +84,8 @@ def prompt_stage(r: Resources) -> Stage:
                                     r.settings.prompt_budget_tokens, lambda pool: r.pools[pool].max_model_len,
                                     quota=r.quota, keep_nothing=r.keep_nothing)
     # Keyed by conversation: turns of one conversation are placed in order; other conversations concurrently.
-    return Stage(builder.ROLE, r.settings, (RequestAdmitted,), prompts.handle, per_key=True, sealer=r.sealer)
+    return Stage(builder.ROLE, r.settings, (RequestAdmitted, InputBlocked), prompts.handle, per_key=True,
+                 sealer=r.sealer)
 
 
 def scheduler_stage(r: Resources) -> SchedulerStage:

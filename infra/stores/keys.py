@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 PREFIX = "parley:"
+RETRACTED_TTL_S = 6 * 3600  # well past chat.tokens' 10 minutes: no replay of the buffer outlives the marker
 
 
 def generation_started(generation_id: str) -> str:
     """Set by the worker at the first token; a redelivered request with it set is recovered, not restarted."""
     return f"{PREFIX}gen:{generation_id}:started"
+
+
+def generation_retracted(generation_id: str) -> str:
+    """Set by the worker before it writes ``GenerationRetracted``: replays of the token buffer skip the
+    generation's text (value: the last seq a reader may have shown)."""
+    return f"{PREFIX}gen:{generation_id}:retracted"
 
 
 def reader_heartbeat(generation_id: str) -> str:
@@ -25,6 +32,11 @@ def conversation_generations(conversation_id: str) -> str:
 
 def generation_owner(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:owner"
+
+
+def response(generation_id: str) -> str:
+    """A Responses-API response's request (model, instructions, background, ...), JSON; any gateway reads it."""
+    return f"{PREFIX}gen:{generation_id}:response"
 
 
 def quota(user_id: str) -> str:

@@ -33,20 +33,26 @@ from schemas import (
     TokensAppended,
 )
 from schemas.gateway import ChatTurn
+from schemas.sampling import Sampling, TokenLogprob
 
 PREFIX = "pe1."
 E = TypeVar("E", bound=Event)
 
-# Field -> kind of value: "text" (str), "ids" (list[int]), "turns" (list[ChatTurn]).
+# Field -> kind of value: "text" (str), "ids" (list[int]), or a JSON kind of ``_JSON`` (the client's history,
+# its sampling parameters, which hold stop sequences and schemas, and token logprobs, which hold token text).
 SEALED_FIELDS: dict[type[Event], dict[str, str]] = {
-    MessageSubmitted: {"content": "text", "history": "turns"},
-    RequestAdmitted: {"content": "text", "history": "turns"},
-    PromptBuilt: {"prompt_token_ids": "ids", "question": "text"},
-    GenerationRequested: {"prompt_token_ids": "ids"},
-    TokensAppended: {"text": "text", "token_ids": "ids"},
+    MessageSubmitted: {"content": "text", "history": "turns", "sampling": "sampling"},
+    RequestAdmitted: {"content": "text", "history": "turns", "sampling": "sampling"},
+    PromptBuilt: {"prompt_token_ids": "ids", "question": "text", "sampling": "sampling"},
+    GenerationRequested: {"prompt_token_ids": "ids", "sampling": "sampling"},
+    TokensAppended: {"text": "text", "token_ids": "ids", "logprobs": "logprobs"},
     GenerationFinished: {"text": "text"},
 }
-_turns = msgspec.json.Decoder(list[ChatTurn])
+_JSON: dict[str, msgspec.json.Decoder[Any]] = {
+    "turns": msgspec.json.Decoder(list[ChatTurn]),
+    "sampling": msgspec.json.Decoder(Sampling),
+    "logprobs": msgspec.json.Decoder(list[TokenLogprob]),
+}
 
 
 def is_sealed(value: object) -> bool:
@@ -86,7 +92,7 @@ def _unpack(kind: str, data: bytes) -> Any:
         if sys.byteorder != "little":
             ids.byteswap()
         return ids.tolist()
-    return _turns.decode(data)
+    return _JSON[kind].decode(data)
 
 
 class Sealer:

@@ -9,9 +9,11 @@ from aiokafka.errors import KafkaError
 from cassandra import DriverException
 from cassandra.cluster import NoHostAvailable
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infra.config.settings import Settings
 from producers.gateway import openai_compat
@@ -39,6 +41,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
         routes_chat,
         routes_conversations,
         routes_openai,
+        routes_responses,
         routes_session,
         routes_usage,
         routes_web,
@@ -48,6 +51,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app.include_router(routes_conversations.router)
     app.include_router(routes_chat.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_usage.router)
     routes_web.mount(app)
 
@@ -62,6 +66,17 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return _render(request, exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """No route for this path (404) or method (405): OpenAI's shape for OpenAI's paths and anything
+        unknown under /v1 (an OpenAI client calling an endpoint Parley lacks); FastAPI's own elsewhere."""
+        path = request.url.path
+        if exc.status_code in (404, 405) and (openai_compat.applies(path) or (
+                path.startswith("/v1/") and exc.status_code == 404)):
+            body = openai_compat.unknown_route(request.method, path, exc.status_code)
+            return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        return await http_exception_handler(request, exc)  # type: ignore[return-value]
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

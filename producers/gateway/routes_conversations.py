@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from infra.stores.accounts import User
-from infra.stores.conversations import Conversation, Message
+from infra.stores.conversations import SOURCES, Conversation, Message
 from producers.gateway import deletion
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found
@@ -77,7 +77,7 @@ async def delete_all(request: Request, user: User = Depends(current_user)) -> di
     gw = gateway_of(request)
     count, cursor = 0, None
     while True:
-        items, cursor = await gw.conversations.list_for_user(user.user_id, cursor, 100)
+        items, cursor = await gw.conversations.list_for_user(user.user_id, cursor, 100, source=None)
         for conv in items:
             await deletion.delete(gw, conv, reason="account")
             count += 1
@@ -88,13 +88,19 @@ async def delete_all(request: Request, user: User = Depends(current_user)) -> di
 
 @router.get("/conversations")
 async def list_conversations(request: Request, cursor: str | None = None, limit: int = Query(20, ge=1, le=100),
+                             source: str = Query("page", description="page (the sidebar), api (made by the "
+                                                 "OpenAI-compatible endpoints) or all"),
                              user: User = Depends(current_user)) -> dict[str, Any]:
+    if source not in (*SOURCES, "all"):
+        raise ApiError(422, "bad_source", f"source must be one of {', '.join(SOURCES)}, all; got {source!r}.")
     try:
-        items, next_cursor = await gateway_of(request).conversations.list_for_user(user.user_id, cursor, limit)
+        items, next_cursor = await gateway_of(request).conversations.list_for_user(
+            user.user_id, cursor, limit, source=None if source == "all" else source)
     except (ValueError, TypeError) as exc:
         raise ApiError(422, "bad_cursor", "That cursor is not one this API gave out.") from exc
     return {"items": [{"conversation_id": c.conversation_id, "title": c.title, "model": c.model,
-                       "updated_at": _iso(c.updated_at)} for c in items], "next_cursor": next_cursor}
+                       "updated_at": _iso(c.updated_at), "source": c.source} for c in items],
+            "next_cursor": next_cursor}
 
 
 @router.get("/conversations/{conversation_id}/messages")
@@ -129,7 +135,9 @@ def message_json(m: Message) -> dict[str, Any]:
             "parent_id": m.parent_id, "generation_id": m.generation_id, "model": m.model, "pool": m.pool,
             "route_reason": m.route_reason, "usage": {"in": m.tokens_in or 0, "out": m.tokens_out or 0,
                                                       "cached": m.tokens_cached or 0},
-            "created_at": _iso(m.created_at), "finished_at": _iso(m.finished_at)}
+            "created_at": _iso(m.created_at), "finished_at": _iso(m.finished_at),
+            "block": {"category": m.block_category, "rules_version": m.rules_version}
+            if m.status == "blocked" else None}
 
 
 def _iso(ts: datetime | None) -> str | None:

@@ -35,7 +35,8 @@ class Convs(FakeConversations):
         owner = self.owners.get(params[0])
         return [type("Row", (), {"user_id": owner})()] if owner else []
 
-    async def list_for_user(self, user_id: str, cursor: str | None, limit: int) -> tuple[list[Conversation], None]:
+    async def list_for_user(self, user_id: str, cursor: str | None, limit: int,
+                            source: str | None = "page") -> tuple[list[Conversation], None]:
         return [c for c in self.conversations.values() if c.user_id == user_id], None
 
 
