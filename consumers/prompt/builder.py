@@ -35,8 +35,9 @@ SUMMARY_INSTRUCTION = "Summarise this conversation in at most five sentences, ke
 class PromptBuilder:
     def __init__(self, conversations: Conversations, records: Records, topics: Topics,
                  tokenizer_for_pool: Callable[[str], Any], budget: int, max_model_len: Callable[[str], int],
-                 quota: Any = None) -> None:
+                 quota: Any = None, keep_nothing: frozenset[str] = frozenset()) -> None:
         self.conversations, self.records, self.topics = conversations, records, topics
+        self.keep_nothing = keep_nothing  # no-retention plans: the prompt is built, no text is stored
         self.tokenizer_for_pool, self.budget, self.max_model_len = tokenizer_for_pool, budget, max_model_len
         self.quota = quota
 
@@ -127,7 +128,7 @@ class PromptBuilder:
         """The prompt's token ids (or the refusal when it cannot fit the model)."""
         tok = self.tokenizer_for_pool(req.pool)
         turns: list[Turn] = []
-        if req.history is not None:  # the client sent the whole history (OpenAI-compatible API)
+        if isinstance(req.history, list):  # the client sent the whole history (OpenAI-compatible API)
             fitted = fit_history([(t.role, t.content) for t in req.history], tok.count, self.budget)
         else:
             turns = _turns(history, turn, user_text)
@@ -141,8 +142,10 @@ class PromptBuilder:
 
     def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
                 prompt_tokens: int) -> list[Awaitable[Any]]:
-        writes: list[Awaitable[Any]] = [self._save_placeholder(req, turn, user_message.message_id, history)]
-        if not req.regenerate:
+        writes: list[Awaitable[Any]] = []
+        if req.plan not in self.keep_nothing:
+            writes.append(self._save_placeholder(req, turn, user_message.message_id, history))
+        if not req.regenerate and req.plan not in self.keep_nothing:
             writes.append(self.conversations.save_message(user_message))
         if self.quota is not None:
             writes.append(self.quota.true_up(req.generation_id, prompt_tokens))  # estimate -> real prompt size

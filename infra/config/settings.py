@@ -122,6 +122,10 @@ class Settings:
     cassandra_dc: str = "datacenter1"  # the local data centre (LOCAL_* consistency, keyspace replication)
     cassandra_replication: int = 1  # replicas per data centre of a keyspace the migrations create
     cassandra_consistency: str = "LOCAL_QUORUM"  # with one replica locally this is a single read or write
+    # deletion and erasure
+    key_cache_s: float = 10.0  # how long a process keeps a conversation's unwrapped data key
+    purge_delay_s: float = 15.0  # the purge waits this long after a delete (longer than key_cache_s)
+    retention_sweep_s: float = 3600.0  # how often conversations past their plan's retention_days are deleted
     token: str = ""  # the terminal chat client's bearer token
 
     @classmethod
@@ -231,4 +235,7 @@ VARS: tuple[Var, ...] = (
     Var("CASSANDRA_REPLICATION", "cassandra_replication", int),
     Var("CASSANDRA_CONSISTENCY", "cassandra_consistency", _consistency),
     Var("TOKEN", "token", str),
+    Var("KEY_CACHE_S", "key_cache_s", float),
+    Var("PURGE_DELAY_S", "purge_delay_s", float),
+    Var("RETENTION_SWEEP_S", "retention_sweep_s", float),
 )

@@ -25,6 +25,11 @@ def client_message(conversation_id: str, client_message_id: str) -> str:
     return f"{PREFIX}cmid:{conversation_id}:{client_message_id}"
 
 
+def conversation_generations(conversation_id: str) -> str:
+    """Set of a conversation's generation ids (added when the gateway claims one): what a delete cancels."""
+    return f"{PREFIX}conv:{conversation_id}:gens"
+
+
 def generation_owner(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:owner"
 

@@ -155,6 +155,7 @@ async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> No
     conv = await gw.conversations.get(conversation_id)
     if conv is None or conv.user_id != user.user_id:
         raise not_found("conversation")
+    await gw.sealer.keys.ensure(conversation_id, user.user_id)  # the message is sealed with it
 
 
 async def _submit(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
