@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter
+
 from consumers.safety.classifier import Classifier, Verdict
 from consumers.safety.metrics import SafetyMetrics
 from consumers.stage import Out, Stage
@@ -32,6 +34,9 @@ from topics.catalogue import ADMISSION, ADMITTED, DEADLETTER, REQUESTS, TOKENS
 
 log = logging.getLogger(__name__)
 ROLE = Role(ADMISSION, reads=(REQUESTS,), writes=(ADMITTED, TOKENS, DEADLETTER))
+# Refusals by reason (quota, too_long, invalid, ...) against admissions: the refusal part of the fallback rate.
+DECISIONS = Counter("parley_admission_decisions", "admission's answer per request: admitted or the refusal reason",
+                    ["plan", "outcome"])
 
 
 @dataclass(frozen=True)
@@ -132,24 +137,31 @@ class Admission:
     async def handle(self, event: MessageSubmitted) -> list[Out]:
         refused = precheck(event, self.rules)
         if refused is not None:
-            log.info("generation %s refused: %s (%d)", event.generation_id, refused.reason, refused.status)
+            log.info("generation %s refused: %s (%d)", event.generation_id, refused.reason, refused.status,
+                     extra={"generation_id": event.generation_id, "plan": event.plan})
+            DECISIONS.labels(plan=event.plan, outcome=refused.reason).inc()
             return [Out(self.topics.tokens, refused, event.generation_id)]
         flagged = await self._input_check(event)
         if flagged:
+            DECISIONS.labels(plan=event.plan, outcome="input_blocked").inc()
             return flagged
         plan = self.plans[event.plan]
         estimate = estimate_prompt(event, self.rules)
         outcome = await self.quota.reserve(event.user_id, event.plan, event.generation_id, estimate,
                                            reply_cap=reply_cap(event, plan), conversation_id=event.conversation_id)
         outs = decide(event, outcome, self.rules, self.topics)
+        ids = {"generation_id": event.generation_id, "user_id": event.user_id, "plan": event.plan}
         if isinstance(outcome, Refusal):
+            DECISIONS.labels(plan=event.plan, outcome=str(outcome.reason)).inc()
             log.info("generation %s user %s refused: %s, retry after %.0f s", event.generation_id,
-                     event.user_id, outcome.reason, outcome.retry_after_s)
+                     event.user_id, outcome.reason, outcome.retry_after_s, extra=ids)
         elif not outs:
-            log.info("generation %s already settled; redelivered request skipped", event.generation_id)
+            log.info("generation %s already settled; redelivered request skipped", event.generation_id, extra=ids)
         else:
+            DECISIONS.labels(plan=event.plan, outcome="admitted").inc()
             log.info("generation %s user %s admitted: %d tokens reserved (%s), pool %s", event.generation_id,
-                     event.user_id, outcome.amount, outcome.state, outs[0].event.pool)  # type: ignore[attr-defined]
+                     event.user_id, outcome.amount, outcome.state, outs[0].event.pool,  # type: ignore[attr-defined]
+                     extra={**ids, "reserved_tokens": outcome.amount})
         return outs
 
     async def _input_check(self, event: MessageSubmitted) -> list[Out]:

@@ -24,6 +24,7 @@ from infra.stores.sealing import Sealer
 from schemas import Event
 from topics import Role, Topics
 from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer
+from topics.metrics import STAGE_HANDLE_SECONDS, STAGE_RECORDS
 from topics.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ class Stage(Runner):
         self.producer = make_producer(settings.kafka_bootstrap)
         self.consumer = make_consumer(settings.kafka_bootstrap, getattr(self.topics, role.reads[0].attr),
                                       group_id=self.group, **consumer_options)
+        self._handled = STAGE_RECORDS.labels(stage=self.name, outcome="handled")
+        self._deadlettered = STAGE_RECORDS.labels(stage=self.name, outcome="deadlettered")
+        self._seconds = STAGE_HANDLE_SECONDS.labels(stage=self.name)
 
     def clients(self) -> list[Any]:
         return [self.producer, self.consumer]
@@ -81,7 +85,9 @@ class Stage(Runner):
         acks: list[asyncio.Future[Any]] = []
         for record in records:
             event = await decode_or_deadletter(record, self.producer, self.topics, self.group, self.types)
-            if event is not None:
+            if event is None:
+                self._deadlettered.inc()
+            else:
                 began = time.time()
                 try:
                     outs = await self._sealed(await self.handler(await self._open(event)))
@@ -92,6 +98,8 @@ class Stage(Runner):
                 # Outputs go out together and in order; the next record is handled while they are in flight.
                 for out in outs:
                     acks.append(await enqueue(self.producer, out.topic, out.event, out.key, out.partition))
+                self._handled.inc()
+                self._seconds.observe(time.time() - began)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("stage %s offset %d: fetched %.1f ms after produce, handled in %.1f ms", self.name,
                               record.offset, (began - record.timestamp / 1000) * 1000, (time.time() - began) * 1000)

@@ -74,7 +74,8 @@ class _Rebalance(ConsumerRebalanceListener):
 class GenerationWorker:
     def __init__(self, settings: Settings, limits: Limits, engine: Any, capacity: int,
                  worker_id: str | None = None, metrics_port: int | None = None,
-                 on_ready: Any = None, classifier: Any = None, sealer: Sealer | None = None) -> None:
+                 on_ready: Any = None, classifier: Any = None, metrics_host: str = "127.0.0.1",
+                 sealer: Sealer | None = None) -> None:
         self.on_ready, self.sealer = on_ready, sealer
         self.sealing: set[str] = set()  # generations whose request came sealed: their tokens leave sealed
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
@@ -83,8 +84,8 @@ class GenerationWorker:
         self.group = self.topics.group(GENERATION, limits.pool)
         self.paid, self.free = self.topics.generate(limits.pool, "paid"), self.topics.generate(limits.pool, "free")
         self.tracker = OffsetTracker()
-        self.metrics = WorkerMetrics(limits.pool)
-        self.metrics_port = metrics_port
+        self.metrics = WorkerMetrics(limits.pool, settings.gpu_hour_usd, settings.gpus_per_worker)
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host
         self.safety = None if classifier is None else OutputCheck(classifier, SafetyMetrics.of(self.metrics.registry))
         self.active: dict[str, asyncio.Task[None]] = {}
         self.cancelled: dict[str, float] = {}  # generation_id -> when the cancel was heard
@@ -102,7 +103,7 @@ class GenerationWorker:
         self.consumer.subscribe([self.paid, self.free], listener=_Rebalance(self))
         await self.consumer.start()
         if self.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(self.metrics_port)
+            self.metrics_port = self.metrics.serve(self.metrics_port, self.metrics_host)
         control = asyncio.create_task(self._control_loop(), name="control")
         stats = asyncio.create_task(self._stats_loop(), name="stats")
         log.info("worker %s serving pool %s, capacity %d, metrics on port %s", self.worker_id, self.limits.pool,
@@ -149,6 +150,7 @@ class GenerationWorker:
                 self.tracker.started(tp, record.offset)
                 self.active[f"{tp.topic}:{tp.partition}:{record.offset}"] = asyncio.create_task(
                     self._serve(tp, record))
+                self.metrics.active(len(self.active))
             await self.commit()
 
     async def _poll(self, slots: int) -> list[tuple[TopicPartition, Any]]:
@@ -214,10 +216,12 @@ class GenerationWorker:
         finally:
             self.tracker.finished(tp, record.offset)
             self.active.pop(key, None)
+            self.metrics.active(len(self.active))
             self._slot_freed.set()
 
     async def _generate(self, req: GenerationRequested) -> None:
         picked_at = time.time()
+        self.metrics.picked(req.lane, req.enqueued_at, picked_at)
         saved = await self._saved(req)
         decision = decide(req, self.limits, req.generation_id in self.cancelled, saved)
         if isinstance(decision, Finish):
@@ -286,6 +290,7 @@ class GenerationWorker:
                     text.append(out.text)
                     completion += len(out.token_ids)
                     self.metrics.tokens.inc(len(out.token_ids))
+                    self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane).inc(len(out.token_ids))
                 if last_append:
                     self.metrics.itl.observe(now - last_append)
                 last_append = now
@@ -309,6 +314,9 @@ class GenerationWorker:
             log.exception("generation %s failed in the engine", req.generation_id)
             status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
         await asyncio.gather(*pending)
+        if guard is not None and guard.held and blocked is None:  # the engine failed mid-chunk: never checked,
+            unshown, joined = "".join(h.text for h in guard.held), "".join(text)  # so never shown or saved
+            text, seq = [joined[:len(joined) - len(unshown)]], shown + 1
         if status == "stopped" and blocked is None:
             self.metrics.aborts.inc()
         block = None
@@ -366,9 +374,15 @@ class GenerationWorker:
         await send(self.producer, self.topics.replies, event, key=event.conversation_id)
         if event.status == "failed":
             self.metrics.failures.inc()
+        self.metrics.replies.labels(pool=self.limits.pool, status=event.status).inc()
         log.info("generation %s %s: %d prompt / %d completion tokens, %d cached", event.generation_id,
                  event.status, event.usage.prompt_tokens, event.usage.completion_tokens,
-                 event.usage.cached_prompt_tokens)
+                 event.usage.cached_prompt_tokens, extra={
+                     "generation_id": event.generation_id, "conversation_id": event.conversation_id,
+                     "user_id": event.user_id, "pool": self.limits.pool, "status": event.status,
+                     "worker_id": self.worker_id, "prompt_tokens": event.usage.prompt_tokens,
+                     "completion_tokens": event.usage.completion_tokens,
+                     "cached_prompt_tokens": event.usage.cached_prompt_tokens})
 
     # -- cancels -----------------------------------------------------------------------------------------
     async def _control_loop(self) -> None:
@@ -402,6 +416,7 @@ class GenerationWorker:
             self.metrics.running.set(stats.get("running", len(self.active)))
             self.metrics.waiting.set(stats.get("waiting", 0))
             self.metrics.kv_usage.set(stats.get("kv_cache_usage", 0.0))
+            self.metrics.flush_busy()
             await asyncio.sleep(1.0)
 
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from infra.config.settings import Settings
+from infra.local.topology import ensure_topics
 from infra.stores import keys
 from schemas import GenerationFinished, GenerationRetracted, GenerationStarted, TokensAppended, decode
 from tests.e2e.service import Proc, Service, free_port
 from tests.integration.test_generation_worker import _prompt, _request
 from topics import Topics
-from topics.admin import ensure_topics
 from topics.clients import make_consumer, make_producer, send
 
 pytestmark = pytest.mark.vllm

@@ -239,3 +239,14 @@ def test_the_direct_profanity_scores_are_the_packages_own() -> None:
     scorer = load_scorer()
     assert scorer is not predict_prob  # the fast path was taken
     assert np.allclose(scorer(texts), predict_prob(texts), atol=1e-9)
+
+
+def test_the_output_check_follows_the_plans_policy_and_skips_the_services_own_calls(rules_path: Path) -> None:
+    from consumers.safety.output import OutputCheck
+
+    check = OutputCheck(EmbeddedClassifier(RulesFile(rules_path), model=lambda texts: [0.0]),
+                        SafetyMetrics(CollectorRegistry()))
+    free = check.start("free", "reply")
+    assert free is not None and free.holds and free.policy.chunk_tokens == 4
+    assert check.start("paid", "reply") is None  # the rules turn the output check off for paid
+    assert check.start("free", "title") is None and check.start("free", "summary") is None
