@@ -10,6 +10,7 @@ from infra.config.plans import load_plans
 from infra.config.settings import Settings
 from infra.stores.conversations import Conversations
 from infra.stores.records import Records
+from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession, connect
 from topics import Topics
 
@@ -77,7 +78,9 @@ def _persistence(settings: Settings, db: AsyncSession, redis: Any, topics: Topic
     from streams.persistence import Persistence, build_app
 
     app = make_app("persistence", settings)
-    persistence = Persistence(Conversations(db), Records(db), redis, topics, tokenizer("small").chat_ids)
+    conversations = Conversations(db)
+    persistence = Persistence(conversations, Records(db), redis, topics, tokenizer("small").chat_ids,
+                              search=SearchIndex(db, conversations))
     build_app(app, persistence, topics)
     return FaustStage("persistence", app)
 

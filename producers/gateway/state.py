@@ -17,7 +17,9 @@ from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.accounts import Accounts, User
 from infra.stores.conversations import Conversations
+from infra.stores.page_sessions import PageSessions
 from infra.stores.records import Records
+from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession, connect
 from producers.gateway.relay import TokenRelay
 from topics import Topics
@@ -39,6 +41,8 @@ class Gateway:
     accounts: Accounts = field(init=False)
     conversations: Conversations = field(init=False)
     records: Records = field(init=False)
+    sessions: PageSessions = field(init=False)
+    search: SearchIndex = field(init=False)
     quota: Any = None
     _cluster: Any = None
     _auth_cache: dict[str, tuple[float, User]] = field(default_factory=dict)
@@ -53,6 +57,8 @@ class Gateway:
         self._cluster, session = connect(self.settings)
         db = AsyncSession(session)
         self.accounts, self.conversations, self.records = Accounts(db), Conversations(db), Records(db)
+        self.sessions = PageSessions(self.redis, self.settings.session_ttl_s)
+        self.search = SearchIndex(db, self.conversations)
 
     async def stop(self) -> None:
         await self.relay.stop()
@@ -68,6 +74,19 @@ class Gateway:
         user = await self.accounts.user_for_token(token)
         if user is not None:
             self._auth_cache[token] = (time.monotonic() + 60, user)
+        return user
+
+    async def user_for_session(self, session_id: str) -> User | None:
+        """The page's signed-in user. The session is looked up every time: sign-out ends it at once."""
+        user_id = await self.sessions.user_id(session_id)
+        if user_id is None:
+            return None
+        cached = self._auth_cache.get(f"user:{user_id}")
+        if cached and cached[0] > time.monotonic():
+            return cached[1]
+        user = await self.accounts.get_user(user_id)
+        if user is not None:
+            self._auth_cache[f"user:{user_id}"] = (time.monotonic() + 60, user)
         return user
 
     async def owner(self, generation_id: str) -> tuple[str, str] | None:

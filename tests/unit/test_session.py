@@ -51,12 +51,26 @@ def test_demo_users_are_refused_unless_local_mode_and_a_local_caller(address: st
     assert r.json()["error"]["code"] == "not_local" and "parley user create" in r.json()["error"]["message"]
 
 
-def test_sign_out_clears_the_cookie_with_the_same_attributes() -> None:
-    r = client().delete("/v1/session")
-    assert r.status_code == 204
-    cookie = r.headers["set-cookie"].lower()
-    assert cookie.startswith('parley_session=""') and "max-age=0" in cookie
-    assert "httponly" in cookie and "secure" in cookie and "samesite=strict" in cookie and "path=/" in cookie
+def test_a_cross_origin_sign_in_or_sign_out_is_refused_before_anything_happens() -> None:
+    evil = {"Origin": "https://evil.example"}
+    for r in (client().delete("/v1/session", headers=evil),
+              client().post("/v1/session", json={"token": "pk_x"}, headers=evil),
+              client().post("/v1/session/demo", json={}, headers={"Referer": "https://evil.example/page"})):
+        assert r.status_code == 403 and r.json()["error"]["code"] == "cross_origin"
+
+
+def test_a_cookie_call_that_changes_something_must_name_this_origin() -> None:
+    c = client()
+    c.cookies.set("parley_session", "s-1")
+    for headers in ({}, {"Origin": "http://127.0.0.1:9"}, {"Origin": "null"}):
+        r = c.post("/v1/conversations", json={}, headers=headers)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "cross_origin", headers
+
+
+def test_session_expiry_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARLEY_SESSION_TTL_S", "3600")
+    assert Settings.from_env().session_ttl_s == 3600
+    assert Settings().session_ttl_s == 7 * 24 * 3600
 
 
 def test_local_mode_setting(monkeypatch: pytest.MonkeyPatch) -> None:
