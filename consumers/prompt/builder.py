@@ -97,6 +97,8 @@ class PromptBuilder:
         next turn; an edited one stands beside the message it edits, on the same turn with the same parent.
         """
         by_id = {m.message_id: m for m in history}
+        if not req.regenerate and (saved := by_id.get(req.message_id)) is not None and saved.role == "user":
+            return saved.turn, saved  # a redelivery: the message stays where it was first placed
         if req.regenerate:
             parent = by_id.get(req.parent_id or "")
             return (parent.turn, parent) if parent is not None and parent.role == "user" else (-1, None)
