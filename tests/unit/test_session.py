@@ -10,7 +10,6 @@ from infra.config.settings import Settings
 from producers.gateway.app import create_app
 from producers.gateway.routes_web import STATIC
 
-
 OWN_FILES = ("app.js", "api.js", "branch.js", "chat.js", "chrome.js", "markdown.js", "search.js", "sidebar.js",
              "view.js", "app.css")
 VENDORED = ("vendor/marked.esm.js", "vendor/purify.es.js", "vendor/highlight.min.js")

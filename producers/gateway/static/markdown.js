@@ -24,6 +24,10 @@ const marked = new Marked({
     html({ text, block }) {
       return block ? `<p>${escape(text)}</p>` : escape(text);
     },
+    // The page loads no image from elsewhere (img-src 'self'): an image is shown as a link to it.
+    image({ href, text }) {
+      return `<a href="${escape(href)}">${escape(text || href)}</a>`;
+    },
   },
 });
 
