@@ -156,7 +156,8 @@ async def test_escape_stops_and_focus_stays_on_regenerate_and_versions(make_page
     await wait_done(page)
     assert await page.evaluate(FOCUS) == "regen0"
     await page.locator(".reply-meta .prev").click()
-    assert await page.evaluate(FOCUS) == "r0next" and await page.locator(".reply-meta .version-label").inner_text() == "1/2"
+    assert await page.evaluate(FOCUS) == "r0next"
+    assert await page.locator(".reply-meta .version-label").inner_text() == "1/2"
     await page.keyboard.press("Enter")  # the focused "next" works from the keyboard
     assert await page.locator(".reply-meta .version-label").inner_text() == "2/2"
     assert await page.evaluate(FOCUS) == "r0prev"
