@@ -41,6 +41,9 @@ const CODE_POLICY = { ALLOWED_TAGS: ["span"], ALLOWED_ATTR: ["class"], RETURN_DO
 
 export function renderMarkdown(text) {
   const fragment = DOMPurify.sanitize(marked.parse(String(text)), POLICY);
+  for (const node of [...fragment.childNodes]) { // marked's newlines between blocks: not part of the text
+    if (node.nodeType === Node.TEXT_NODE && !node.textContent.trim()) node.remove();
+  }
   for (const input of fragment.querySelectorAll("input")) { // GFM task lists only
     if (input.type !== "checkbox") input.remove();
     else input.disabled = true;
