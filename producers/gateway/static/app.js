@@ -111,6 +111,13 @@ function wireApp() {
     }
   });
   $("input").addEventListener("input", grow);
+  const narrow = window.matchMedia("(max-width: 720px)");
+  const hint = () => { // the keys don't fit in one line of a phone's message box
+    $("input").placeholder = narrow.matches ? "Message Parley…"
+      : "Message Parley… (Enter to send, Shift+Enter for a new line)";
+  };
+  narrow.addEventListener("change", hint);
+  hint();
   $("stop").addEventListener("click", () => chat.stop());
   $("banner-close").addEventListener("click", () => { $("banner").hidden = true; });
   $("token-close").addEventListener("click", () => { $("token-note").hidden = true; $("input").focus(); });
