@@ -1,7 +1,7 @@
 // One conversation on screen: its messages and reply versions, sending, regenerating, stopping,
 // and following every reply that is still being written (also ones started before a reload).
 
-import { api, follow, startReply } from "./api.js";
+import { api, follow, loadConversation, startReply } from "./api.js";
 import { branchOf, replyKey, reveal } from "./branch.js";
 import { paintReply, replyView, userView } from "./view.js";
 
@@ -55,18 +55,8 @@ export class Chat {
     setTimeout(() => node.classList.remove("found"), 2500);
   }
 
-  async load(conversationId) {
-    const items = [];
-    let cursor = null;
-    let title = null;
-    do {
-      const query = new URLSearchParams({ limit: "500", ...(cursor ? { cursor } : {}) });
-      const page = await api("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/messages?${query}`);
-      items.push(...page.items);
-      ({ title } = page);
-      cursor = page.next_cursor;
-    } while (cursor);
-    return { title, items };
+  load(conversationId) {
+    return loadConversation(conversationId);
   }
 
   // Show the saved messages; replies streamed in this page keep the text as it arrived, and any
