@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from typing import Any
 
@@ -27,7 +28,7 @@ def spawn(*args: str) -> Any:
 
 def finish(child: Any) -> tuple[int, str]:
     """Exit status and everything the child printed."""
-    child.expect(pexpect.EOF, timeout=60)
+    child.expect(pexpect.EOF, timeout=30)
     child.close()
     text = child.before or ""
     assert "Traceback" not in text, text
@@ -57,6 +58,7 @@ async def test_ctrl_c_at_the_prompt_quits_cleanly(service: Service, bob: Caller)
     child = spawn("--url", service.url(), "--token", bob.token)
     child.expect("Ctrl-C or Ctrl-D at the prompt quits")
     child.expect_exact("you> ")
+    await asyncio.sleep(0.3)  # the prompt is drawn before input() waits on the terminal
     child.sendintr()
     status, text = finish(child)
     assert status == 0 and "KeyboardInterrupt" not in text
@@ -84,15 +86,21 @@ async def test_ctrl_c_mid_reply_stops_it_then_a_second_ctrl_c_quits(service: Ser
     replies = await eventually(stopped, 60)
     assert replies and replies[-1]["content"]
 
-    child.sendline(LONG)  # again, and this time Ctrl-C twice in a row
+    child.sendline(LONG)  # again, and this time the stop hangs (the worker is frozen): Ctrl-C again quits
     child.expect(r"\[\S+ via large\] ")
     child.expect(r"\w+ \w+")
-    child.sendintr()
-    await asyncio.sleep(0.05)
-    child.sendintr()
-    status, text = finish(child)
+    worker = service.procs["worker-large"].popen.pid
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        child.sendintr()
+        child.expect_exact("[stopping…]")
+        await asyncio.sleep(0.5)
+        child.sendintr()
+        status, text = finish(child)
+    finally:
+        os.kill(worker, signal.SIGCONT)
     assert status == 130, text
-    assert last_line(text).startswith("parley chat: interrupted"), text
+    assert last_line(text) == "parley chat: interrupted again while stopping the reply; quitting.", text
 
 
 @pytest.mark.parametrize("args", [("--token", "")])
