@@ -186,8 +186,8 @@ async def test_the_model_picker_follows_the_reopened_conversation(make_page: Pag
 
 
 async def test_sign_out_revokes_the_cookie_and_cross_origin_posts_are_refused(make_page: Page, service: Service,
-                                                                              alice: Caller) -> None:
-    page = await make_page("desktop")
+                                                                              alice: Caller, size: str) -> None:
+    page = await make_page(size)
     await sign_in(page, alice)
     [cookie] = [c for c in await page.context.cookies() if c["name"] == "parley_session"]
     jar = {"parley_session": cookie["value"]}
@@ -197,7 +197,9 @@ async def test_sign_out_revokes_the_cookie_and_cross_origin_posts_are_refused(ma
         r = await stolen.post("/v1/conversations", json={}, headers={"Origin": "https://evil.example"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "cross_origin"
         assert (await stolen.post("/v1/conversations", json={}, headers={"Origin": origin})).status_code == 201
+        await open_drawer(page, size)
         await page.locator("#sign-out").click()
         await page.locator("#signin").wait_for(state="visible")
+        await shot(page, f"34-signed-out-{size}")
         r = await stolen.get("/v1/conversations")
         assert r.status_code == 401  # the copy of the cookie died with the session
