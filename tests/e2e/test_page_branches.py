@@ -119,7 +119,7 @@ async def test_search_finds_titles_and_message_text(make_page: Page, http: httpx
     await open_drawer(page, size)
     await page.locator("#search").fill(word[:7])  # a word's beginning is enough
     await until(page, "document.querySelector('#search-results .hit mark')")
-    assert (await page.locator("#search-results mark").first.inner_text()).startswith(word)
+    assert word in (await page.locator("#search-results mark").first.inner_text()).lower()
     assert await page.locator("#conversation-list").is_hidden()
     await shot(page, f"32-search-{size}")
     await page.locator("#search-results .hit").first.click()
