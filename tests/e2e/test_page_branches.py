@@ -124,7 +124,7 @@ async def test_search_finds_titles_and_message_text(make_page: Page, http: httpx
     await shot(page, f"32-search-{size}")
     await page.locator("#search-results .hit").first.click()
     await until(page, "(id) => location.hash === `#/c/${id}` && document.querySelector('.msg.found')", 30, cid)
-    assert word in await page.locator(".msg.found").inner_text()
+    assert word in (await page.locator(".msg.found").inner_text()).lower()
 
     await open_drawer(page, size)
     await page.locator("#search").fill(title_word.upper())
