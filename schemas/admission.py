@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas.base import Event
-from schemas.gateway import ChatTurn, Plan
+from schemas.gateway import ChatTurn, PlanName
+from schemas.sampling import Sampling
 
 
 class RequestAdmitted(Event, frozen=True, kw_only=True):
@@ -13,7 +14,7 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     message_id: str
     client_message_id: str
     content: str
@@ -26,6 +27,7 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     route_reason: str = "default"  # why this pool: default, requested, classifier
     temperature: float | None = None
     history: list[ChatTurn] | None = None
+    sampling: Sampling | None = None
 
 
 RefusalReason = Literal[

@@ -6,8 +6,9 @@ from typing import Literal
 import msgspec
 
 from schemas.base import Event
+from schemas.sampling import Sampling
 
-Plan = Literal["free", "paid"]
+PlanName = Literal["free", "paid"]  # the account plans (their limits: infra/config/plans.py `Plan`)
 
 
 class ChatTurn(msgspec.Struct, frozen=True):
@@ -23,7 +24,7 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     message_id: str  # the user message; for a regenerate, the existing one
     client_message_id: str
     content: str
@@ -37,6 +38,7 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     temperature: float | None = None
     history: list[ChatTurn] | None = None  # set: the prompt is this history, not the stored conversation
     gateway_id: str = ""
+    sampling: Sampling | None = None  # the client's sampling parameters; None: Parley's defaults
 
 
 class CancelRequested(Event, frozen=True, kw_only=True):

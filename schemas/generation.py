@@ -6,7 +6,8 @@ from typing import Literal
 import msgspec
 
 from schemas.base import Event
-from schemas.gateway import Plan
+from schemas.gateway import PlanName
+from schemas.sampling import TokenLogprob
 from schemas.scheduler import Purpose
 
 Status = Literal["complete", "stopped", "length", "failed"]
@@ -37,6 +38,7 @@ class TokensAppended(Event, frozen=True, kw_only=True):
     seq: int  # per generation, from 0, no gaps
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None  # one per token id, only when the client asked
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,7 +53,7 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     message_id: str
     turn: int = 0
     parent_id: str | None = None

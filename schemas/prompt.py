@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from schemas.base import Event
-from schemas.gateway import Plan
+from schemas.gateway import PlanName
+from schemas.sampling import Sampling
 
 
 class PromptBuilt(Event, frozen=True, kw_only=True):
@@ -11,7 +12,7 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     pool: str
     user_message_id: str
     assistant_message_id: str
@@ -24,3 +25,4 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     route_reason: str = "default"
     temperature: float | None = None
     question: str = ""  # the user's message, for the last-resort tier's prepared replies
+    sampling: Sampling | None = None

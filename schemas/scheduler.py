@@ -4,9 +4,15 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas.base import Event
-from schemas.gateway import Plan
+from schemas.gateway import PlanName
+from schemas.sampling import Sampling
 
 Lane = Literal["paid", "free"]
+# The one table of lanes: in the order they are served, each with the engine priority its requests run at
+# (vLLM runs lower values first). Topics, plans, the scheduler's queues and the worker all read it.
+LANE_PRIORITY: dict[Lane, int] = {"paid": 0, "free": 10}
+LANES: tuple[Lane, ...] = tuple(LANE_PRIORITY)
+BACKGROUND_PRIORITY = 20  # the service's own calls (titles, summaries): behind every user's reply
 Purpose = Literal["reply", "title", "summary"]
 
 
@@ -30,7 +36,7 @@ class GenerationRequested(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     pool: str
     lane: Lane
     prompt_token_ids: list[int]
@@ -44,3 +50,4 @@ class GenerationRequested(Event, frozen=True, kw_only=True):
     reserved_tokens: int = 0
     route_reason: str = "default"
     enqueued_at: float = 0.0
+    sampling: Sampling | None = None  # kept on redelivery: a recovering worker samples the same way

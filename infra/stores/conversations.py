@@ -20,6 +20,10 @@ class Conversation:
     title: str | None
     model: str | None
     updated_at: datetime
+    source: str = "page"  # "api": made by the OpenAI-compatible endpoints, kept out of the sidebar
+
+
+SOURCES = ("page", "api")
 
 
 @dataclass(frozen=True)
@@ -75,57 +79,75 @@ class Conversations:
     def __init__(self, db: AsyncSession) -> None:
         self.db = db
 
-    async def create(self, user_id: str, model: str | None = None, title: str | None = None) -> Conversation:
+    async def create(self, user_id: str, model: str | None = None, title: str | None = None,
+                     source: str = "page") -> Conversation:
         now = datetime.now(UTC)
-        conv = Conversation(new_id(), user_id, title, model, now)
+        conv = Conversation(new_id(), user_id, title, model, now, source)
         await self.db.execute(
-            "INSERT INTO conversations (conversation_id, user_id, title, model, created_at, updated_at, deleted) "
-            "VALUES (?, ?, ?, ?, ?, ?, false)", (conv.conversation_id, user_id, title, model, now, now))
+            "INSERT INTO conversations (conversation_id, user_id, title, model, created_at, updated_at, deleted, "
+            "source) VALUES (?, ?, ?, ?, ?, ?, false, ?)", (conv.conversation_id, user_id, title, model, now, now,
+                                                            source))
         await self.db.execute(
-            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model) "
-            "VALUES (?, ?, ?, ?, ?)", (user_id, now, conv.conversation_id, title, model))
+            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (user_id, now, conv.conversation_id, title, model, source))
         return conv
 
     async def get(self, conversation_id: str) -> Conversation | None:
         rows = await self.db.execute(
-            "SELECT conversation_id, user_id, title, model, updated_at, deleted FROM conversations "
+            "SELECT conversation_id, user_id, title, model, updated_at, deleted, source FROM conversations "
             "WHERE conversation_id = ?", (conversation_id,))
         if not rows or rows[0].deleted:
             return None
         r = rows[0]
-        return Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at)
+        return Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at, r.source or "page")
 
-    async def list_for_user(self, user_id: str, cursor: str | None = None,
-                            limit: int = 20) -> tuple[list[Conversation], str | None]:
-        """Newest first. Stale rows left by concurrent bumps are skipped, not shown twice."""
-        page = await self.db.page(
-            "SELECT user_id, updated_at, conversation_id, title, model FROM conversations_by_user "
-            "WHERE user_id = ?", (user_id,), fetch_size=limit, paging_state=_state(cursor))
+    async def list_for_user(self, user_id: str, cursor: str | None = None, limit: int = 20,
+                            source: str | None = "page") -> tuple[list[Conversation], str | None]:
+        """Newest first, of one ``source`` (None: all). Stale rows left by concurrent bumps are skipped, not
+        shown twice. Rows of other sources are skipped by reading on until ``limit`` rows are found, so
+        a page of the sidebar is never empty while older conversations remain."""
         seen: set[str] = set()
-        items = []
-        for r in page.rows:
-            if r.conversation_id not in seen:
-                seen.add(r.conversation_id)
-                items.append(Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at))
-        return items, _cursor(page.paging_state)
+        items: list[Conversation] = []
+        state = _state(cursor)
+        while True:
+            page = await self.db.page(
+                "SELECT user_id, updated_at, conversation_id, title, model, source FROM conversations_by_user "
+                "WHERE user_id = ?", (user_id,), fetch_size=limit, paging_state=state)
+            for r in page.rows:
+                if r.conversation_id not in seen and source in (None, r.source or "page"):
+                    seen.add(r.conversation_id)
+                    items.append(Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at,
+                                              r.source or "page"))
+            state = page.paging_state
+            if items or not state:
+                return items, _cursor(state)
 
     async def touch(self, conv: Conversation, at: datetime, title: str | None = None,
                     model: str | None = None) -> Conversation:
         """Move a conversation to the top of its owner's list (and optionally retitle it)."""
         before = _utc(conv.updated_at)
         at = max(_utc(at), before)
-        new = Conversation(conv.conversation_id, conv.user_id, title or conv.title, model or conv.model, at)
+        new = Conversation(conv.conversation_id, conv.user_id, title or conv.title, model or conv.model, at,
+                           conv.source)
         await self.db.execute(
             "UPDATE conversations SET updated_at = ?, title = ?, model = ? WHERE conversation_id = ?",
             (at, new.title, new.model, conv.conversation_id))
         await self.db.execute(
-            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model) "
-            "VALUES (?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, new.title, new.model))
+            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, new.title, new.model, conv.source))
         if _ms(at) != _ms(before):
             await self.db.execute(
                 "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
                 (conv.user_id, before, conv.conversation_id))
         return new
+
+    async def mark_deleted(self, conv: Conversation) -> None:
+        """Gone from every read (``get`` answers None) and from its owner's list."""
+        await self.db.execute("UPDATE conversations SET deleted = true WHERE conversation_id = ?",
+                              (conv.conversation_id,))
+        await self.db.execute(
+            "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
+            (conv.user_id, conv.updated_at, conv.conversation_id))
 
     async def save_message(self, message: Message) -> None:
         placeholders = ", ".join("?" for _ in MESSAGE_COLUMNS)

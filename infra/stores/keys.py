@@ -22,6 +22,11 @@ def generation_owner(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:owner"
 
 
+def response(generation_id: str) -> str:
+    """A Responses-API response's request (model, instructions, background, ...), JSON; any gateway reads it."""
+    return f"{PREFIX}gen:{generation_id}:response"
+
+
 def quota(user_id: str) -> str:
     return f"{PREFIX}quota:{user_id}"
 

@@ -9,9 +9,11 @@ from aiokafka.errors import KafkaError
 from cassandra import DriverException
 from cassandra.cluster import NoHostAvailable
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infra.config.settings import Settings
 from producers.gateway import openai_compat
@@ -34,11 +36,12 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan,
                   description="A chat service that streams LLM replies token by token over an event pipeline.")
     app.state.gateway = gateway
-    _error_handlers(app)
+    install_error_handlers(app)
     from producers.gateway import (
         routes_chat,
         routes_conversations,
         routes_openai,
+        routes_responses,
         routes_search,
         routes_session,
         routes_usage,
@@ -50,6 +53,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app.include_router(routes_search.router)
     app.include_router(routes_chat.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_usage.router)
     routes_web.mount(app)
 
@@ -60,10 +64,21 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     return app
 
 
-def _error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return _render(request, exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """No route for this path (404) or method (405): OpenAI's shape for OpenAI's paths and anything
+        unknown under /v1 (an OpenAI client calling an endpoint Parley lacks); FastAPI's own elsewhere."""
+        path = request.url.path
+        if exc.status_code in (404, 405) and (openai_compat.applies(path) or (
+                path.startswith("/v1/") and exc.status_code == 404)):
+            body = openai_compat.unknown_route(request.method, path, exc.status_code)
+            return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        return await http_exception_handler(request, exc)  # type: ignore[return-value]
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

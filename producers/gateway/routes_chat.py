@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from infra.stores import keys
 from infra.stores.accounts import User
-from producers.gateway import openai_compat, submission
+from producers.gateway import openai_compat, sampling_params, submission
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found
 from producers.gateway.state import Gateway
@@ -35,6 +35,32 @@ class SendMessage(BaseModel):
     model: str | None = Field(default=None, description="model pool; default: the service's default pool")
     client_message_id: str | None = Field(default=None, max_length=128,
                                           description="retry key: the same id attaches to the same reply")
+    # The OpenAI endpoint's sampling parameters (README); typed loosely so the one validator names the
+    # parameter in its message.
+    max_tokens: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    top_k: Any = None
+    min_p: Any = None
+    seed: Any = None
+    stop: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    min_tokens: Any = None
+    ignore_eos: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    response_format: Any = None
+
+    def sampled(self) -> tuple[int | None, sampling_params.Parsed]:
+        """(max_tokens, sampling), or a 422 naming the parameter."""
+        fields = self.model_dump(exclude={"content", "model", "client_message_id", "parent_id"}, exclude_none=True)
+        try:
+            max_tokens = sampling_params.positive_int(fields, "max_tokens")
+            return max_tokens, sampling_params.parse(fields, max_tokens)
+        except sampling_params.CompatError as exc:
+            raise ApiError(422, "invalid_parameter", exc.message) from exc
     parent_id: str | None = Field(default=None, max_length=64,
                                   description="the reply this message follows (its branch); default: the newest")
 
@@ -66,13 +92,14 @@ async def send_message(request: Request, conversation_id: str, body: SendMessage
     gw = gateway_of(request)
     _check_content(gw, body.content)
     pool = _pool(gw, body.model)
+    max_tokens, sampled = body.sampled()
     await _own_conversation(gw, conversation_id, user)
     if body.parent_id is not None:
         history = await gw.conversations.all_messages(conversation_id)
         if not any(m.message_id == body.parent_id and m.role == "assistant" for m in history):
             raise not_found("reply to follow (parent_id)")
     return await _submit(request, gw, user, conversation_id, body.content, pool, body.client_message_id,
-                         message_id=new_id(), parent_id=body.parent_id)
+                         message_id=new_id(), parent_id=body.parent_id, max_tokens=max_tokens, sampled=sampled)
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/edit", response_class=StreamingResponse,
@@ -162,7 +189,8 @@ async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> No
 
 async def _submit(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
                   client_message_id: str | None, *, message_id: str, parent_id: str | None,
-                  regenerate: bool = False, edit_of: str | None = None) -> StreamingResponse:
+                  regenerate: bool = False, edit_of: str | None = None, max_tokens: int | None = None,
+                  sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
     generation_id = new_id()
     cmid = client_message_id or f"auto-{uuid.uuid4().hex}"
     claimed = await gw.redis.set(keys.client_message(conversation_id, cmid), generation_id, nx=True, ex=CMID_TTL_S)
@@ -174,7 +202,9 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
             plan=user.plan, message_id=message_id, client_message_id=cmid, content=content, pool=pool,  # type: ignore[arg-type]
-            parent_id=parent_id, regenerate=regenerate, edit_of=edit_of, gateway_id=gw.gateway_id))
+            parent_id=parent_id, regenerate=regenerate, edit_of=edit_of, gateway_id=gw.gateway_id,
+            max_tokens=max_tokens, temperature=sampled.temperature if sampled else None,
+            sampling=sampled.sampling if sampled else None))
     except submission.Refused:
         await gw.redis.delete(keys.client_message(conversation_id, cmid))  # a later retry may try again
         raise

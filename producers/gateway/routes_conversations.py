@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
 from infra.stores.accounts import User
-from infra.stores.conversations import Message
+from infra.stores.conversations import SOURCES, Message
 from infra.stores.search import TITLE
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found
@@ -36,13 +36,19 @@ async def create_conversation(request: Request, body: NewConversation | None = N
 
 @router.get("/conversations")
 async def list_conversations(request: Request, cursor: str | None = None, limit: int = Query(20, ge=1, le=100),
+                             source: str = Query("page", description="page (the sidebar), api (made by the "
+                                                 "OpenAI-compatible endpoints) or all"),
                              user: User = Depends(current_user)) -> dict[str, Any]:
+    if source not in (*SOURCES, "all"):
+        raise ApiError(422, "bad_source", f"source must be one of {', '.join(SOURCES)}, all; got {source!r}.")
     try:
-        items, next_cursor = await gateway_of(request).conversations.list_for_user(user.user_id, cursor, limit)
+        items, next_cursor = await gateway_of(request).conversations.list_for_user(
+            user.user_id, cursor, limit, source=None if source == "all" else source)
     except (ValueError, TypeError) as exc:
         raise ApiError(422, "bad_cursor", "That cursor is not one this API gave out.") from exc
     return {"items": [{"conversation_id": c.conversation_id, "title": c.title, "model": c.model,
-                       "updated_at": _iso(c.updated_at)} for c in items], "next_cursor": next_cursor}
+                       "updated_at": _iso(c.updated_at), "source": c.source} for c in items],
+            "next_cursor": next_cursor}
 
 
 @router.get("/conversations/{conversation_id}/messages")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import orjson
 
 from schemas import GenerationFinished, GenerationQueued, RequestRefused, TokensAppended
@@ -23,7 +24,12 @@ def to_sse(offset: int, event: object) -> list[bytes]:
     """The frames for one token-buffer event (none for events the client doesn't see)."""
     if isinstance(event, TokensAppended):
         # An end-of-sequence token has ids but no text: the client has nothing to show.
-        return [frame("delta", {"text": event.text}, offset)] if event.text else []
+        if not event.text:
+            return []
+        data: dict[str, Any] = {"text": event.text}
+        if event.logprobs is not None:  # asked for: [token, logprob, [[alternative, logprob], ...]] per token
+            data["logprobs"] = msgspec.to_builtins(event.logprobs)
+        return [frame("delta", data, offset)]
     if isinstance(event, GenerationQueued):
         frames = [frame("message_start", {"message_id": event.message_id, "generation_id": event.generation_id,
                                           "model": event.model, "pool": event.pool}, offset, RECONNECT_MS)]
