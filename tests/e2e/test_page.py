@@ -28,7 +28,7 @@ from tests.e2e.browser import (
     until,
     wait_done,
 )
-from tests.e2e.conftest import Caller
+from tests.e2e.conftest import Caller, browser  # noqa: F401 - re-exported: other page tests import it from here
 from tests.e2e.proxy import DroppingProxy
 from tests.e2e.service import Service
 
