@@ -37,7 +37,7 @@ LONG = "Write a long story about a lighthouse keeper and the sea."
 
 
 @pytest.fixture
-async def open_page(browser: Any, service: Service) -> AsyncIterator[OpenPage]:
+async def open_page(browser: Any, service: Service) -> AsyncIterator[OpenPage]:  # noqa: F811
     """Pages in fresh contexts; afterwards, no page error and no request left this machine."""
     contexts, problems = [], []
 
