@@ -268,7 +268,8 @@ export class Chat {
     if (!key) return;
     let target = this.ui.messages.querySelector(`[data-focus="${key}"]`);
     if (target?.disabled) target = [...target.parentElement.querySelectorAll("button")].find((b) => !b.disabled);
-    if (!target && key.startsWith("editing")) target = this.ui.messages.querySelector(`[data-focus="edit${key.slice(7)}"]`);
+    const twin = key.startsWith("editing") ? `edit${key.slice(7)}` : key.replace(/^edit(\d+)$/, "editing$1");
+    if (!target && twin !== key) target = this.ui.messages.querySelector(`[data-focus="${twin}"]`); // box <-> button
     target?.focus({ preventScroll: true });
   }
 
