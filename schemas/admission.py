@@ -26,12 +26,12 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     reserved_tokens: int
     route_reason: str = "default"  # why this pool: default, requested, classifier
     temperature: float | None = None
-    history: list[ChatTurn] | None = None
-    sampling: Sampling | None = None
+    history: list[ChatTurn] | str | None = None  # str: sealed
+    sampling: Sampling | str | None = None
 
 
 RefusalReason = Literal[
-    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long"
+    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long", "blocked"
 ]
 
 

@@ -34,7 +34,8 @@ def branch_turns(history: list[Message], answering: Message) -> list[Turn]:
             break  # a broken or looping chain: keep what was found
         seen.add(user.message_id)
         text = reply.content if reply is not None and reply.status in FINISHED else ""
-        turns.append(Turn(user.turn, user.content, text))
+        if user.status != "blocked":  # a refused message is not part of what the model reads
+            turns.append(Turn(user.turn, user.content, text))
         after, turn = user.parent_id, user.turn
     return turns[::-1]
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from infra.stores import keys
 from infra.stores.accounts import User
-from producers.gateway import openai_compat, sampling_params, submission
+from producers.gateway import metrics, openai_compat, sampling_params, submission
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found
 from producers.gateway.state import Gateway
@@ -162,6 +162,8 @@ async def stream(request: Request, generation_id: str, user: User = Depends(curr
         after_offset = int(after) if after not in (None, "") else None
     except ValueError as exc:
         raise ApiError(422, "bad_last_event_id", "Last-Event-ID must be an event id this stream sent.") from exc
+    if after_offset is not None:
+        metrics.reconnected(user.plan)
     return _sse(gw, generation_id, owner[1], after=after_offset, queue=None, first=None)
 
 
@@ -185,6 +187,7 @@ async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> No
     conv = await gw.conversations.get(conversation_id)
     if conv is None or conv.user_id != user.user_id:
         raise not_found("conversation")
+    await gw.sealer.keys.ensure(conversation_id, user.user_id)  # the message is sealed with it
 
 
 async def _submit(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
@@ -208,11 +211,17 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
     except submission.Refused:
         await gw.redis.delete(keys.client_message(conversation_id, cmid))  # a later retry may try again
         raise
-    return _sse(gw, generation_id, conversation_id, after=None, queue=accepted.queue, first=accepted.first)
+    return _sse(gw, generation_id, conversation_id, after=None, queue=accepted.queue, first=accepted.first,
+                on_event=accepted.watch.seen if accepted.watch else None)
+
+
+async def _retracted(gw: Gateway, generation_id: str) -> bool:
+    return bool(await gw.redis.exists(keys.generation_retracted(generation_id)))
 
 
 def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | None,
-         queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None) -> StreamingResponse:
+         queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None,
+         on_event: Any = None) -> StreamingResponse:
     async def saved() -> list[bytes]:
         messages = await gw.conversations.all_messages(conversation_id)
         return saved_frames(next((m for m in messages if m.generation_id == generation_id
@@ -221,6 +230,6 @@ def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | 
     body = follow(gw.relay, generation_id, after=after, since_ms=id_time_ms(generation_id) - 2000, queue=queue,
                   first=first, keepalive_s=gw.keepalive_s, beat_every_s=gw.settings.reader_timeout_s / 3,
                   heartbeat=lambda: gw.reader_beat(generation_id),
-                  saved=saved)
+                  saved=saved, retracted=lambda: _retracted(gw, generation_id), on_event=on_event)
     headers = dict(SSE_HEADERS, **{"X-Generation-Id": generation_id})
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)

@@ -53,8 +53,10 @@ def test_vllm_bench_random_dataset_runs_with_no_failed_request(service: Service,
     from tests.benchmarks.bench_peer import bench
 
     pool = ready_pool("large", service.settings)
-    ns = argparse.Namespace(input_len=32, output_len=8, prompts_per_level=2)
-    result = bench(service.url("gateway-a"), pool.model_dir, pool.served_model_name, 2, ns, "parley", alice.token,
+    ns = argparse.Namespace(input_len=32, output_len=8, prompts_per_level=4)
+    # One at a time: the plan runs 2 replies at once, and a finished reply's slot is freed by settlement a
+    # moment after the client saw its end, so a back-to-back request at the cap could be refused (429).
+    result = bench(service.url("gateway-a"), pool.model_dir, pool.served_model_name, 1, ns, "parley", alice.token,
                    out_dir=tmp_path)
     assert result["completed"] == 4 and result.get("failed", 0) == 0
     assert result["total_output_tokens"] == 4 * 8  # ignore_eos honoured: every reply ran to its length

@@ -99,7 +99,7 @@ function wireApp() {
   new SearchBox({ input: $("search"), results: $("search-results"), list: $("conversation-list"),
                   sentinel: $("list-sentinel") }, () => drawer.close());
   sidebar = new Sidebar({ list: $("conversation-list"), sentinel: $("list-sentinel"), scroller: $("conversations") },
-    (title) => setTitle(title));
+    (title) => setTitle(title), (err) => showBanner(describe(err)));
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     send();

@@ -5,7 +5,7 @@ import { api, follow, loadConversation, startReply } from "./api.js";
 import { branchOf, replyKey, reveal } from "./branch.js";
 import { paintReply, replyView, userView } from "./view.js";
 
-const DONE = { end: "complete", stopped: "stopped", length: "length", error: "failed" };
+const DONE = { end: "complete", stopped: "stopped", length: "length", error: "failed", blocked: "blocked" };
 let localIds = 0;
 
 export class Chat {
@@ -190,6 +190,8 @@ export class Chat {
       queued: (d) => update({ notice: reply.content ? "" : queuedText(d) }),
       delta: (text) => update({ notice: "", content: reply.content + text }),
       snapshot: (text) => update({ notice: "", content: text }),
+      // The output check withdrew the reply: what was shown goes, the notice stays in its place.
+      retracted: (notice) => update({ notice, content: "", status: "blocked" }),
       error: (d) => update({ notice: d.message || "The model could not answer. Try regenerating." }),
       state: (link) => {
         update({ link });

@@ -10,6 +10,7 @@ const STATUS = {
   stopped: "Stopped",
   length: "Cut off at the length limit",
   failed: "Failed",
+  blocked: "Removed by the content rules",
 };
 
 const LINK = {
@@ -26,7 +27,8 @@ export function userView(msg, versions, actions, at) {
     return node;
   }
   const bubble = el("div", "bubble");
-  bubble.textContent = msg.content; // what the person typed, shown as typed
+  bubble.textContent = msg.content; // what the person typed, shown as typed (a blocked one: the notice)
+  node.classList.toggle("blocked", msg.status === "blocked");
   const meta = el("footer", "user-meta");
   if (versions.count > 1) meta.append(switcher(versions, "message", `u${at}`));
   meta.append(focusable(copyButton(() => msg.content, "Copy message"), `ucopy${at}`));
@@ -99,6 +101,7 @@ export function paintReply(node, msg) {
   node.classList.toggle("generating", msg.status === "generating");
   node.setAttribute("aria-busy", String(msg.status === "generating"));
   node.classList.toggle("failed", msg.status === "failed");
+  node.classList.toggle("blocked", msg.status === "blocked");
   const notice = [msg.notice, LINK[msg.link]].filter(Boolean).join(" ");
   node.querySelector(".notice").textContent = notice;
   node.querySelector(".notice").hidden = !notice;
