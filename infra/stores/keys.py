@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 PREFIX = "parley:"
+RETRACTED_TTL_S = 6 * 3600  # well past chat.tokens' 10 minutes: no replay of the buffer outlives the marker
 
 
 def generation_started(generation_id: str) -> str:
     """Set by the worker at the first token; a redelivered request with it set is recovered, not restarted."""
     return f"{PREFIX}gen:{generation_id}:started"
+
+
+def generation_retracted(generation_id: str) -> str:
+    """Set by the worker before it writes ``GenerationRetracted``: replays of the token buffer skip the
+    generation's text (value: the last seq a reader may have shown)."""
+    return f"{PREFIX}gen:{generation_id}:retracted"
 
 
 def reader_heartbeat(generation_id: str) -> str:
@@ -16,6 +23,11 @@ def reader_heartbeat(generation_id: str) -> str:
 
 def client_message(conversation_id: str, client_message_id: str) -> str:
     return f"{PREFIX}cmid:{conversation_id}:{client_message_id}"
+
+
+def conversation_generations(conversation_id: str) -> str:
+    """Set of a conversation's generation ids (added when the gateway claims one): what a delete cancels."""
+    return f"{PREFIX}conv:{conversation_id}:gens"
 
 
 def generation_owner(generation_id: str) -> str:
@@ -72,3 +84,8 @@ def title_requested(conversation_id: str) -> str:
 
 def abandoned_cancelled(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:abandoned"
+
+
+def page_session(session_hash: str) -> str:
+    """The page's signed-in session -> user id, with the session's expiry as TTL; keyed by the id's SHA-256."""
+    return f"{PREFIX}session:{session_hash}"

@@ -53,6 +53,8 @@ class Job:
             except TimeoutError:
                 yield None
                 continue
+            if self.accepted.watch is not None:
+                self.accepted.watch.seen(event)  # TTFT, tokens/s and how it ended, as for the native routes
             yield event
 
     def reading(self) -> asyncio.Task[None]:

@@ -27,7 +27,8 @@ OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models", "/v1/responses"}
 OPENAI_PREFIXES = ("/v1/models/", "/v1/responses/")
 STARTED = int(time.time())  # "created" of every model: when this gateway started
 DONE = b"data: [DONE]\n\n"
-FINISH_REASONS = {"complete": "stop", "stopped": "stop", "length": "length"}  # failed -> an error
+FINISH_REASONS = {"complete": "stop", "stopped": "stop", "length": "length",  # failed -> an error
+                  "blocked": "content_filter"}  # the output check cut the reply; its text is the notice
 HISTORY_CHARS_FACTOR = 4  # all messages together: up to 4x the one-message limit (Kafka's record size)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
@@ -286,7 +287,8 @@ def error_json(err: ApiError) -> tuple[int, dict[str, Any]]:
                            "rate_limit_exceeded")
     if err.status >= 500:
         return err.status, _error(err.message, "server_error", None, err.code)
-    return 400 if err.status == 422 else err.status, _error(err.message, "invalid_request_error", None, err.code)
+    code = "content_filter" if err.code == "blocked" else err.code  # the input check refused the message
+    return 400 if err.status == 422 else err.status, _error(err.message, "invalid_request_error", None, code)
 
 
 def _error(message: str, type_: str, param: str | None, code: str | None) -> dict[str, Any]:

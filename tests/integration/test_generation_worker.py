@@ -40,7 +40,7 @@ def pool_env(stack_settings: Settings) -> Iterator[Service]:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     prefix = f"w{uuid.uuid4().hex[:8]}."
     env = dict(os.environ, PARLEY_TOPIC_PREFIX=prefix, PARLEY_KEYSPACE=stack_settings.keyspace,
-               PARLEY_POOL_LARGE_KV_CACHE_GIB="1", PYTHONUNBUFFERED="1")
+               PARLEY_POOL_LARGE_KV_CACHE_GIB="0.5", PYTHONUNBUFFERED="1")
     svc = Service(stack_settings.with_(topic_prefix=prefix), env, ARTIFACTS)
     ensure_topics(svc.settings)
     yield svc
