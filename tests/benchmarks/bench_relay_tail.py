@@ -9,7 +9,7 @@ rate times the window, divided by the records, is its cost per record. CPU time,
 on a loaded machine. For comparison, the same process times what the relay would spend decoding every
 value instead of dropping records by key first.
 
-    python -m tests.benchmarks.bench_relay_tail [--records 200000] [--idle-s 5] [--smoke]
+    python -m tests.benchmarks.bench_relay_tail [--records 200000] [--idle-s 5] [--profile] [--smoke]
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from schemas import TokensAppended, decode, encode, new_id
 from tests.benchmarks import common
-from tests.benchmarks.profiling import cpu_seconds
+from tests.benchmarks.profiling import Profiler, cpu_seconds
 from topics import Topics
 from topics.clients import make_producer
 
@@ -81,11 +81,14 @@ async def main(ns: argparse.Namespace) -> None:
         before = cpu_seconds(pid)
         await asyncio.sleep(ns.idle_s)
         idle_rate = (cpu_seconds(pid) - before) / ns.idle_s
+        profiler = Profiler({"gateway": pid}, common.RESULTS / "profiles", "relay-tail") if ns.profile else None
+        profiling = profiler.start() if profiler else False
         start, before = time.time(), cpu_seconds(pid)
         produce_s = await produce(settings.kafka_bootstrap, Topics(settings.topic_prefix).tokens, ns.records)
         await settle(pid, idle_rate)
         window = time.time() - start
         used = cpu_seconds(pid) - before - idle_rate * window
+        profile = profiler.stop() if profiling and profiler else {}
     finally:
         common.stop_service(svc)
         await common.delete_topics(settings)
@@ -98,17 +101,20 @@ async def main(ns: argparse.Namespace) -> None:
     print(f"   half a core at {half_core_rate:,.0f} records/s; cores at fleet rate: {fleet}")
     print(f"   in-process: key filter {micro['key_filter_us']} us/record, decode {micro['decode_us']} us/record "
           f"({micro['value_bytes']} B values)")
+    for name, prof in profile.items():
+        print(f"   profile {name}: by owner {prof.get('by_owner')}\n   top leaf {prof.get('top_leaf', [])[:5]}")
     common.write_result(f"relay-tail-{time.strftime('%Y%m%d-%H%M%S')}", {
         "records": ns.records, "generations": GENERATIONS, "idle_cpu_per_s": round(idle_rate, 4),
         "window_s": round(window, 2), "produce_s": round(produce_s, 2), "cpu_s": round(used, 3),
         "cpu_us_per_record": round(per_record_us, 2), "half_core_records_per_s": round(half_core_rate),
-        "cores_at_fleet_rate": fleet, "in_process": micro})
+        "cores_at_fleet_rate": fleet, "in_process": micro, "profile": profile})
 
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=200_000, help="token events for unwatched generations")
     parser.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU baseline")
+    parser.add_argument("--profile", action="store_true", help="py-spy on the gateway while it catches up")
     parser.add_argument("--smoke", action="store_true", help="20,000 records, 2 s baseline")
     ns = parser.parse_args()
     if ns.smoke:
