@@ -3,8 +3,8 @@
 Every ``interval_s`` it takes the reservations past their expiry (5 minutes by
 default), replays ``chat.replies`` (the usage log) from the oldest one's start and
 settles each with the real numbers if its ``GenerationFinished`` is there. If it
-is not, the reply never finished (a gateway or worker died): it releases the
-reservation, charging the prompt estimate and no reply tokens, status ``failed``.
+is not, the log shows nothing produced (a gateway or worker died before any reply
+ended): it releases the whole reservation and charges 0, never an estimate.
 Then it publishes any settled-but-unpublished usage left by a crashed settlement.
 
 ``Quota.settle`` is exactly-once, so the reaper and settlement may race on one
@@ -25,7 +25,7 @@ from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation, Settled
 from schemas import GenerationFinished, UsageRecorded
-from streams.settlement import publish_usage
+from streams.settlement import charge_for, publish_usage
 from topics import Topics
 from topics.clients import make_producer, send
 from topics.replay import replay
@@ -100,17 +100,18 @@ class Reaper:
 
     async def _settle(self, r: Reservation, reply: GenerationFinished | None) -> Settled | None:
         if reply is not None:
-            log.info("generation %s reservation expired; settling from its reply: in %d, out %d",
-                     r.generation_id, reply.usage.prompt_tokens, reply.usage.completion_tokens)
+            tokens_in, tokens_out = charge_for(reply)
+            log.info("generation %s reservation expired; settling from its reply (%s): in %d, out %d",
+                     r.generation_id, reply.status, tokens_in, tokens_out)
             return await self.quota.settle(
-                r.generation_id, reply.usage.prompt_tokens, reply.usage.completion_tokens,
-                tokens_cached=reply.usage.cached_prompt_tokens, status=reply.status, model=reply.model,
-                pool=reply.pool, started_at=reply.started_at, finished_at=reply.at)
-        log.warning("generation %s user %s reservation expired with no finished reply (gateway or worker lost "
-                    "it); releasing %d of %d reserved tokens, charging the %d-token prompt estimate",
-                    r.generation_id, r.user_id, r.amount - r.prompt_tokens, r.amount, r.prompt_tokens)
-        return await self.quota.settle(r.generation_id, r.prompt_tokens, 0, status="failed",
-                                       started_at=r.created_at)
+                r.generation_id, tokens_in, tokens_out,
+                tokens_cached=reply.usage.cached_prompt_tokens if tokens_in else 0, status=reply.status,
+                model=reply.model, pool=reply.pool, started_at=reply.started_at, finished_at=reply.at)
+        released = await self.quota.release(r.generation_id, "expired")
+        log.warning("generation %s user %s reservation expired with no finished reply in the log (gateway or "
+                    "worker lost it); released %s of %d reserved tokens, charged 0", r.generation_id, r.user_id,
+                    released, r.amount)
+        return None  # nothing charged, so nothing for the usage topic
 
     async def _send(self, record: UsageRecorded) -> None:
         await send(self.producer, self.topics.usage, record, key=record.user_id)

@@ -35,6 +35,14 @@ log = logging.getLogger(__name__)
 Send = Callable[[UsageRecorded], Awaitable[None]]
 
 
+def charge_for(finished: GenerationFinished) -> tuple[int, int]:
+    """(tokens in, tokens out) to charge: what the reply used, and nothing for a reply that failed (the user
+    got an error, not an answer: a refusal or failure after admission costs 0)."""
+    if finished.status == "failed":
+        return 0, 0
+    return finished.usage.prompt_tokens, finished.usage.completion_tokens
+
+
 async def publish_usage(quota: Quota, send: Send, marker: Settled) -> None:
     """Send the marker's UsageRecorded, wait for the ack, then flag it published."""
     await send(marker.usage_recorded())
@@ -68,10 +76,10 @@ class Settlement:
         return marker
 
     async def _settle(self, finished: GenerationFinished) -> Settled | None:
-        usage = finished.usage
+        tokens_in, tokens_out = charge_for(finished)
         return await self.quota.settle(
-            finished.generation_id, usage.prompt_tokens, usage.completion_tokens,
-            tokens_cached=usage.cached_prompt_tokens, status=finished.status, model=finished.model,
+            finished.generation_id, tokens_in, tokens_out,
+            tokens_cached=finished.usage.cached_prompt_tokens if tokens_in else 0, status=finished.status, model=finished.model,
             pool=finished.pool, started_at=finished.started_at, finished_at=finished.at)
 
     async def _retrying(self, call: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
