@@ -6,13 +6,13 @@ from schemas.deadletter import EventDeadLettered
 from schemas.errors import EventDecodeError, MalformedEvent, UnsupportedVersion
 from schemas.gateway import CancelRequested, MessageSubmitted
 from schemas.generation import GenerationFinished, GenerationStarted, TokensAppended, Usage
-from schemas.prompt import PromptBuilt
+from schemas.prompt import PoolPrompt, PromptBuilt
 from schemas.scheduler import GenerationQueued, GenerationRequested
 from schemas.settlement import UsageRecorded
 
 __all__ = [
     "ALL_EVENTS", "CancelRequested", "Event", "EventDeadLettered", "EventDecodeError", "GenerationFinished",
     "GenerationQueued", "GenerationRequested", "GenerationStarted", "MalformedEvent", "MessageSubmitted",
-    "PromptBuilt", "RequestAdmitted", "RequestRefused", "TokensAppended", "UnsupportedVersion", "Usage",
+    "PoolPrompt", "PromptBuilt", "RequestAdmitted", "RequestRefused", "TokensAppended", "UnsupportedVersion", "Usage",
     "UsageRecorded", "decode", "encode", "id_time_ms", "new_id",
 ]

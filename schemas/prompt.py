@@ -1,12 +1,22 @@
 """The prompt build stage's output: token ids ready for an engine."""
 from __future__ import annotations
 
+import msgspec
+
 from schemas.base import Event
 from schemas.gateway import Plan
 
 
+class PoolPrompt(msgspec.Struct, frozen=True, kw_only=True):
+    """The same request fitted for another pool it may be sent to (the scheduler's overflow)."""
+
+    pool: str
+    max_tokens: int
+    prompt_token_ids: list[int] | None = None  # None: the main prompt's ids are valid there as they are
+
+
 class PromptBuilt(Event, frozen=True, kw_only=True):
-    """User message saved, history fitted to the budget; topic ``chat.prompts``."""
+    """User message saved, history fitted to the pool's window; topic ``chat.prompts``."""
 
     generation_id: str
     conversation_id: str
@@ -24,3 +34,4 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     route_reason: str = "default"
     temperature: float | None = None
     question: str = ""  # the user's message, for the last-resort tier's prepared replies
+    alternates: list[PoolPrompt] = []  # a pool missing here (and not ``pool``) cannot take this request

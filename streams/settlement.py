@@ -79,8 +79,8 @@ class Settlement:
         tokens_in, tokens_out = charge_for(finished)
         return await self.quota.settle(
             finished.generation_id, tokens_in, tokens_out,
-            tokens_cached=finished.usage.cached_prompt_tokens if tokens_in else 0, status=finished.status, model=finished.model,
-            pool=finished.pool, started_at=finished.started_at, finished_at=finished.at)
+            tokens_cached=finished.usage.cached_prompt_tokens if tokens_in else 0, status=finished.status,
+            model=finished.model, pool=finished.pool, started_at=finished.started_at, finished_at=finished.at)
 
     async def _retrying(self, call: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
         delay = self.retry_s

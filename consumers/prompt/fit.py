@@ -12,7 +12,9 @@ SYSTEM_PROMPT = (
     "You are Parley, a helpful, honest assistant. Answer clearly and concisely. "
     "Use Markdown for lists and code."
 )
-PER_MESSAGE_OVERHEAD = 5  # role markers and separators the chat template adds around each message
+PER_MESSAGE_OVERHEAD = 5  # a first guess at the chat template's tokens per message; fit_window measures
+SUMMARY_MAX_GAP = 4  # a summary still stands in for the dropped turns when it misses at most this many
+MIN_REPLY_TOKENS = 64  # room a lone long message must leave for its reply (or the reply cap, if smaller)
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ def fit(turns: Sequence[Turn], count: Callable[[str], int], budget: int,
     dropped = turns[: len(turns) - len(kept)]
     messages = [{"role": "system", "content": SYSTEM_PROMPT}]
     summary_used = False
-    if dropped and summary is not None and summary[0] >= dropped[-1].turn - 1:
+    if dropped and summary is not None and summary[0] >= dropped[-1].turn - SUMMARY_MAX_GAP:
         note = f"Summary of the earlier conversation: {summary[1]}"
         if used + count(note) + PER_MESSAGE_OVERHEAD <= budget:
             messages.append({"role": "system", "content": note})
@@ -82,3 +84,45 @@ def fit_history(messages: Sequence[tuple[str, str]], count: Callable[[str], int]
     out += [{"role": r, "content": c} for r, c in kept]
     dropped = len(rest) - len(kept)
     return Fitted(out, len(kept), dropped - 1 if dropped else None, False)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A prompt that fits one pool: its token ids, the reply it leaves room for, and what it kept."""
+
+    ids: list[int]
+    max_tokens: int
+    fitted: Fitted
+
+
+@dataclass(frozen=True)
+class TooLong:
+    """The new message alone, with the instructions, leaves no room for a reply."""
+
+    tokens: int
+    most: int  # the longest prompt this pool would take
+
+
+def fit_window(fit_at: Callable[[int], Fitted], render: Callable[[list[dict[str, str]]], list[int]],
+               budget: int, context: int, reply_cap: int) -> Window | TooLong:
+    """Fit to min(budget, context - reply_cap) as the model's own tokenizer renders it, template included.
+
+    ``fit_at(b)`` fits with the per-message estimate; the rendered prompt is then measured, and while it is
+    still over, the estimate's budget shrinks by the excess (older turns and the summary go first). Only the
+    new message by itself may run over, and then only into the reply's room down to MIN_REPLY_TOKENS.
+    """
+    limit = min(budget, context - reply_cap)
+    b = limit
+    while True:
+        fitted = fit_at(b)
+        ids = render(fitted.messages)
+        over = len(ids) - limit
+        if over <= 0 or (fitted.turns_kept <= 1 and not fitted.summary_used) or b <= 0:
+            break
+        b -= over
+    room = context - len(ids)
+    if room >= reply_cap:
+        return Window(ids, reply_cap, fitted)
+    if room >= min(reply_cap, MIN_REPLY_TOKENS):
+        return Window(ids, room, fitted)
+    return TooLong(len(ids), context - min(reply_cap, MIN_REPLY_TOKENS))

@@ -19,6 +19,8 @@ from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
 from consumers.stage import Out, Stage
 from infra.config.plans import Plan
 from infra.config.settings import Settings
+from infra.stores.finished import FinishedReplies
+from infra.stores.quota import Quota
 from schemas import (
     GenerationFinished,
     GenerationQueued,
@@ -39,26 +41,30 @@ HOT_REPLICA_MARGIN = 4  # requests more than the least-loaded replica before aff
 
 class Scheduler:
     def __init__(self, topics: Topics, queues: Queues, plans: dict[str, Plan], models: dict[str, str],
-                 canned: CannedReplies | None = None) -> None:
+                 canned: CannedReplies | None = None, quota: Any = None, finished: Any = None) -> None:
         self.topics, self.queues, self.plans, self.models = topics, queues, plans, models
-        self.canned = canned
+        self.canned, self.quota, self.finished = canned, quota, finished
         self.partition_load: dict[str, Counter[int]] = {}
         self.placed: dict[str, tuple[str, int]] = {}
 
     async def handle(self, p: PromptBuilt) -> list[Out]:
         plan = self.plans[p.plan]
         if p.pool not in self.queues.pools:
-            return [self._refuse(p, 422, f"Unknown model pool {p.pool!r}. Choose one of: "
-                                         f"{', '.join(sorted(self.queues.pools))}.", None)]
-        decision = self.queues.route(p.pool, plan.lane, plan.queue_wait_limit_s, p.route_reason)
+            return await self._refuse(p, 422, f"Unknown model pool {p.pool!r}. Choose one of: "
+                                               f"{', '.join(sorted(self.queues.pools))}.", None)
+        overflow = self.queues.overflow_pool
+        decision = self.queues.route(p.pool, plan.lane, plan.queue_wait_limit_s, p.route_reason,
+                                     can_overflow=any(a.pool == overflow for a in p.alternates))
         if isinstance(decision, Refuse):
             prepared = self.canned.reply_for(p.question) if self.canned else None
             if prepared is not None:
                 log.info("generation %s served a prepared reply: every pool past the %s limit", p.generation_id,
                          p.plan)
-                return self._prepared(p, prepared)
+                return await self._prepared(p, prepared)
             log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
-            return [self._refuse(p, 503, decision.message, max(1.0, decision.wait_s - plan.queue_wait_limit_s))]
+            return await self._refuse(p, 503, decision.message,
+                                      max(1.0, decision.wait_s - plan.queue_wait_limit_s))
+        ids, max_tokens = prompt_for(p, decision.pool)
         topic = self.topics.generate(decision.pool, decision.lane)
         partition = self._partition(topic, decision.pool, decision.lane, p.conversation_id)
         self.queues.enqueued(p.generation_id, decision.pool, decision.lane)
@@ -76,7 +82,7 @@ class Scheduler:
             Out(topic, GenerationRequested(
                 generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
                 plan=p.plan, pool=decision.pool, lane=decision.lane,  # type: ignore[arg-type]
-                prompt_token_ids=p.prompt_token_ids, max_tokens=p.max_tokens,
+                prompt_token_ids=ids, max_tokens=max_tokens,
                 priority=0 if decision.lane == "paid" else 10, message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
                 route_reason=decision.reason if decision.reason == "overflow" else p.route_reason,
@@ -84,7 +90,7 @@ class Scheduler:
                 p.conversation_id, partition),
         ]
 
-    def _prepared(self, p: PromptBuilt, text: str) -> list[Out]:
+    async def _prepared(self, p: PromptBuilt, text: str) -> list[Out]:
         """The last-resort tier: start and finish at once, saying plainly that no model answered."""
         queued = GenerationQueued(generation_id=p.generation_id, conversation_id=p.conversation_id,
                                   user_id=p.user_id, pool=CANNED_POOL, model=CANNED_MODEL, lane="free", position=0,
@@ -94,6 +100,8 @@ class Scheduler:
             message_id=p.assistant_message_id, turn=p.turn, parent_id=p.user_message_id, status="complete",
             text=text, usage=Usage(prompt_tokens=0, completion_tokens=0), model=CANNED_MODEL, pool=CANNED_POOL,
             worker_id="scheduler", reserved_tokens=p.reserved_tokens, route_reason="canned")
+        if self.finished is not None:
+            await self.finished.put(done)  # readable before its end is published, like a worker's reply
         return [Out(self.topics.tokens, queued, p.generation_id), Out(self.topics.tokens, done, p.generation_id),
                 Out(self.topics.replies, done, p.conversation_id)]
 
@@ -110,11 +118,24 @@ class Scheduler:
         if placed:
             self.partition_load[placed[0]][placed[1]] -= 1
 
-    def _refuse(self, p: PromptBuilt, status: int, message: str, retry_after: float | None) -> Out:
-        return Out(self.topics.tokens, RequestRefused(
+    async def _refuse(self, p: PromptBuilt, status: int, message: str, retry_after: float | None) -> list[Out]:
+        """Refuse after the prompt build saved the user message: the reservation and the running slot go
+        back first (nothing charged), and the ``generating`` placeholder is ended as ``failed`` through the
+        replies topic, so persistence closes it and settlement finds nothing left to settle."""
+        if self.quota is not None:
+            await self.quota.release(p.generation_id, "scheduler")
+        failed = GenerationFinished(
+            generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id, plan=p.plan,
+            message_id=p.assistant_message_id, turn=p.turn, parent_id=p.user_message_id, status="failed",
+            text="", usage=Usage(), model="", pool=p.pool, worker_id="scheduler", reason=message,
+            reserved_tokens=p.reserved_tokens, route_reason=p.route_reason)
+        refused = RequestRefused(
             generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
             reason="overloaded" if status == 503 else "invalid", message=message, status=status,
-            retry_after_s=retry_after), p.generation_id)
+            retry_after_s=retry_after)
+        if self.finished is not None:
+            await self.finished.put(failed)
+        return [Out(self.topics.tokens, refused, p.generation_id), Out(self.topics.replies, failed, p.conversation_id)]
 
 
 class SchedulerStage:
@@ -122,13 +143,14 @@ class SchedulerStage:
 
     name = "scheduler"
 
-    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any], redis: Any = None) -> None:
         self.settings = settings
         topics = Topics(settings.topic_prefix)
         queues = Queues({name: PoolLoad(capacity=cfg.max_num_seqs, prior_rate=max(cfg.max_num_seqs / 20, 0.1))
                          for name, cfg in pools.items()})
+        quota = Quota.configured(redis, plans, scope=settings.topic_prefix) if redis is not None else None
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
-                                   CannedReplies.load())
+                                   CannedReplies.load(), quota, FinishedReplies(redis) if redis is not None else None)
         self.stage = Stage("scheduler", settings, "prompts", (PromptBuilt,), self.scheduler.handle)
         self._follower: asyncio.Task[None] | None = None
 
@@ -155,6 +177,14 @@ class SchedulerStage:
                 self.scheduler.finished(event.generation_id)  # type: ignore[attr-defined]
         finally:
             await consumer.stop()
+
+
+def prompt_for(p: PromptBuilt, pool: str) -> tuple[list[int], int]:
+    """The token ids and reply cap fitted for ``pool``: the main prompt, or the alternate made for it."""
+    alternate = next((a for a in p.alternates if a.pool == pool), None) if pool != p.pool else None
+    if alternate is None:
+        return p.prompt_token_ids, p.max_tokens
+    return alternate.prompt_token_ids or p.prompt_token_ids, alternate.max_tokens
 
 
 def _temperature(p: PromptBuilt) -> dict[str, Any]:

@@ -32,7 +32,7 @@ async def build_stages(settings: Settings, names: tuple[str, ...]) -> tuple[list
     builders: dict[str, Callable[[], Any]] = {
         "admission": lambda: _admission(settings, redis, plans, pools),
         "prompt": lambda: _prompt(settings, db, topics, tokenizer, pools, plans, redis),
-        "scheduler": lambda: _scheduler(settings, plans, pools),
+        "scheduler": lambda: _scheduler(settings, plans, pools, redis),
         "persistence": lambda: _persistence(settings, db, redis, topics, tokenizer),
         "settlement": lambda: _streams("settlement", settings, redis, db, plans),
         "reaper": lambda: _streams("reaper", settings, redis, db, plans),
@@ -61,15 +61,16 @@ def _prompt(settings: Settings, db: AsyncSession, topics: Topics, tokenizer: Any
     from schemas import RequestAdmitted
 
     builder = PromptBuilder(Conversations(db), Records(db), topics, tokenizer, settings.prompt_budget_tokens,
-                            lambda pool: pools[pool].max_model_len, quota=_quota(redis, plans))
+                            lambda pool: pools[pool].max_model_len, quota=_quota(redis, plans, settings),
+                            redis=redis, same_model=lambda a, b: pools[a].model_path == pools[b].model_path)
     # Keyed by conversation: turns of one conversation are placed in order; other conversations concurrently.
     return Stage("prompt", settings, "admitted", (RequestAdmitted,), builder.handle, per_key=True)
 
 
-def _scheduler(settings: Settings, plans: Any, pools: Any) -> Any:
+def _scheduler(settings: Settings, plans: Any, pools: Any, redis: Any) -> Any:
     from consumers.scheduler.stage import SchedulerStage
 
-    return SchedulerStage(settings, plans, pools)
+    return SchedulerStage(settings, plans, pools, redis)
 
 
 def _persistence(settings: Settings, db: AsyncSession, redis: Any, topics: Topics, tokenizer: Any) -> Any:
@@ -96,9 +97,9 @@ def _streams(name: str, settings: Settings, redis: Any, db: AsyncSession, plans:
     return module.build_stage(settings, redis, db, plans)
 
 
-def _quota(redis: Any, plans: Any) -> Any:
+def _quota(redis: Any, plans: Any, settings: Settings) -> Any:
     try:
         from infra.stores.quota import Quota
     except ImportError:
         return None
-    return Quota(redis, plans)
+    return Quota.configured(redis, plans, scope=settings.topic_prefix)  # release touches the scoped sets

@@ -67,3 +67,13 @@ def title_requested(conversation_id: str) -> str:
 
 def abandoned_cancelled(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:abandoned"
+
+
+def finished_reply(generation_id: str) -> str:
+    """The ended reply, written before its end event is published, until persistence has surely saved it."""
+    return f"{PREFIX}gen:{generation_id}:finished"
+
+
+def summary_requested(conversation_id: str) -> str:
+    """Set while a summary of a conversation's older turns is being written (one at a time)."""
+    return f"{PREFIX}conv:{conversation_id}:summary-requested"
