@@ -38,9 +38,11 @@ class Persistence:
             await self._title(e)
             return []
         if e.purpose == "summary":
-            if e.status == "complete" and e.text.strip():
+            # A summary cut at its token cap is still a summary: most of them are, on a small model.
+            if e.status in ("complete", "length") and e.text.strip():
                 await self.records.save_summary(Summary(e.conversation_id, e.turn, e.text.strip(),
                                                         e.usage.completion_tokens))
+            await self.redis.delete(keys.summary_requested(e.conversation_id))  # the next one may be asked
             return []
         return await self._reply(e)
 
@@ -58,13 +60,13 @@ class Persistence:
             message_id=e.message_id, user_message_id=e.parent_id or "", turn=e.turn, status=e.status,
             model_pool=e.pool, model=e.model, replica=e.worker_id, queued_at=e.started_at or None,
             first_token_at=e.first_token_at or None, finished_at=e.at)
-        conv = await self.conversations.get(e.conversation_id)
-        if conv is None:
-            return []
-        await self.conversations.touch(conv, finished_at)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
                  e.usage.prompt_tokens, e.usage.completion_tokens)
-        if conv.title is None and e.status == "complete" and e.text.strip():
+        conv = await self.conversations.get(e.conversation_id)
+        if conv is None or not e.text.strip():
+            return []  # no reply text: the conversation does not move up, nor enter the list
+        await self.conversations.touch(conv, finished_at)
+        if conv.title is None:
             return await self._ask_for_title(e)
         return []
 

@@ -27,6 +27,7 @@ from consumers.generation.plan import Finish, Generate, Limits, finished_event, 
 from consumers.generation.recovery import Saved, read_saved
 from infra.config.settings import Settings
 from infra.stores import keys
+from infra.stores.finished import FinishedReplies
 from schemas import (
     CancelRequested,
     GenerationRequested,
@@ -78,6 +79,7 @@ class GenerationWorker:
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
             session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
         self.redis = aioredis.Redis.from_url(settings.redis_url)
+        self.finished = FinishedReplies(self.redis)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -280,11 +282,15 @@ class GenerationWorker:
         if decision.status == "failed":
             self.metrics.failures.inc()
             log.warning("generation %s refused: %s", req.generation_id, decision.reason)
-        usage = Usage(prompt_tokens=len(req.prompt_token_ids), completion_tokens=len(saved.token_ids))
+        # A request that never reached the engine read no prompt: only a reply a previous worker started has one.
+        usage = Usage(prompt_tokens=len(req.prompt_token_ids) if saved.started else 0,
+                      completion_tokens=len(saved.token_ids))
         await self._finish(finished_event(req, self.limits, self.worker_id, decision.status, saved.text, usage,
                                           saved.next_seq - 1, decision.reason))
 
     async def _finish(self, event: Any) -> None:
+        if event.purpose == "reply":  # readable before anyone can see its end (read-your-writes)
+            await self.finished.put(event)
         # chat.tokens first: a recovering worker treats a finish there as final.
         await send(self.producer, self.topics.tokens, event, key=event.generation_id)
         await send(self.producer, self.topics.replies, event, key=event.conversation_id)

@@ -75,12 +75,16 @@ class Conversations:
     def __init__(self, db: AsyncSession) -> None:
         self.db = db
 
-    async def create(self, user_id: str, model: str | None = None, title: str | None = None) -> Conversation:
+    async def create(self, user_id: str, model: str | None = None, title: str | None = None,
+                     listed: bool = True) -> Conversation:
+        """``listed=False``: kept out of the owner's list until ``touch`` (its first reply) puts it there."""
         now = datetime.now(UTC)
         conv = Conversation(new_id(), user_id, title, model, now)
         await self.db.execute(
             "INSERT INTO conversations (conversation_id, user_id, title, model, created_at, updated_at, deleted) "
             "VALUES (?, ?, ?, ?, ?, ?, false)", (conv.conversation_id, user_id, title, model, now, now))
+        if not listed:
+            return conv
         await self.db.execute(
             "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model) "
             "VALUES (?, ?, ?, ?, ?)", (user_id, now, conv.conversation_id, title, model))

@@ -40,4 +40,5 @@ def _quota(settings: Settings) -> object | None:
 
     from infra.config.plans import load_plans
 
-    return Quota(aioredis.Redis.from_url(settings.redis_url), load_plans())
+    # The deployment's scope: a release touches the scoped expiry set, like admission and settlement.
+    return Quota.configured(aioredis.Redis.from_url(settings.redis_url), load_plans(), scope=settings.topic_prefix)

@@ -35,6 +35,7 @@ class SendMessage(BaseModel):
     model: str | None = Field(default=None, description="model pool; default: the service's default pool")
     client_message_id: str | None = Field(default=None, max_length=128,
                                           description="retry key: the same id attaches to the same reply")
+    max_tokens: int | None = Field(default=None, ge=1, description="a shorter reply cap than the plan's")
 
 
 class Regenerate(BaseModel):
@@ -64,7 +65,7 @@ async def send_message(request: Request, conversation_id: str, body: SendMessage
     pool = _pool(gw, body.model)
     await _own_conversation(gw, conversation_id, user)
     return await _submit(request, gw, user, conversation_id, body.content, pool, body.client_message_id,
-                         message_id=new_id(), parent_id=None)
+                         message_id=new_id(), parent_id=None, max_tokens=body.max_tokens)
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
@@ -129,7 +130,8 @@ async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> No
 
 
 async def _submit(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
-                  client_message_id: str | None, *, message_id: str, parent_id: str | None) -> StreamingResponse:
+                  client_message_id: str | None, *, message_id: str, parent_id: str | None,
+                  max_tokens: int | None = None) -> StreamingResponse:
     generation_id = new_id()
     cmid = client_message_id or f"auto-{uuid.uuid4().hex}"
     claimed = await gw.redis.set(keys.client_message(conversation_id, cmid), generation_id, nx=True, ex=CMID_TTL_S)
@@ -141,7 +143,7 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
             plan=user.plan, message_id=message_id, client_message_id=cmid, content=content, pool=pool,  # type: ignore[arg-type]
-            parent_id=parent_id, regenerate=parent_id is not None, gateway_id=gw.gateway_id))
+            parent_id=parent_id, regenerate=parent_id is not None, max_tokens=max_tokens, gateway_id=gw.gateway_id))
     except submission.Refused:
         await gw.redis.delete(keys.client_message(conversation_id, cmid))  # a later retry may try again
         raise
@@ -151,7 +153,7 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
 def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | None,
          queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None) -> StreamingResponse:
     async def saved() -> list[bytes]:
-        messages = await gw.conversations.all_messages(conversation_id)
+        messages = await gw.finished.current(await gw.conversations.all_messages(conversation_id))
         return saved_frames(next((m for m in messages if m.generation_id == generation_id
                                   and m.role == "assistant"), None))
 

@@ -26,8 +26,11 @@ async def create_conversation(request: Request, body: NewConversation | None = N
     gw = gateway_of(request)
     if body and body.model and body.model not in gw.models:
         raise ApiError(422, "unknown_model", f"Unknown model {body.model!r}. Choose one of: {', '.join(gw.models)}.")
-    conv = await gw.conversations.create(user.user_id, model=body.model if body else None,
-                                         title=body.title if body else None)
+    title = body.title if body else None
+    # An untitled conversation enters the list with its first reply: a send refused before any reply
+    # leaves no "New conversation" behind. One the client named is listed at once.
+    conv = await gw.conversations.create(user.user_id, model=body.model if body else None, title=title,
+                                         listed=title is not None)
     return {"conversation_id": conv.conversation_id}
 
 
@@ -53,6 +56,7 @@ async def list_messages(request: Request, conversation_id: str, cursor: str | No
         items, next_cursor = await gw.conversations.messages(conversation_id, cursor, limit)
     except (ValueError, TypeError) as exc:
         raise ApiError(422, "bad_cursor", "That cursor is not one this API gave out.") from exc
+    items = await gw.finished.current(items)  # a reply whose end was streamed shows final, saved or not
     return {"conversation_id": conversation_id, "title": conv.title,
             "items": [message_json(m) for m in items], "next_cursor": next_cursor}
 

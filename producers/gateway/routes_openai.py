@@ -53,7 +53,8 @@ async def chat_completions(request: Request, body: Any = Body(..., examples=[EXA
     """OpenAI-compatible chat completion; see the README for what is not supported (a 400 names it)."""
     gw = gateway_of(request)
     chat = compat.parse(body, gw.models, gw.settings.default_pool, gw.settings.max_message_chars)
-    conv = await gw.conversations.create(user.user_id, model=chat.pool, title=chat.title)
+    # Listed once its reply is saved: a refused call leaves no conversation in the list.
+    conv = await gw.conversations.create(user.user_id, model=chat.pool, title=chat.title, listed=False)
     message_id = new_id()  # before the generation id: the user message sorts before its reply
     generation_id = new_id()
     accepted = await submission.submit(gw, user, MessageSubmitted(

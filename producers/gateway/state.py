@@ -17,6 +17,7 @@ from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.accounts import Accounts, User
 from infra.stores.conversations import Conversations
+from infra.stores.finished import FinishedReplies
 from infra.stores.records import Records
 from infra.stores.session import AsyncSession, connect
 from producers.gateway.relay import TokenRelay
@@ -39,6 +40,7 @@ class Gateway:
     accounts: Accounts = field(init=False)
     conversations: Conversations = field(init=False)
     records: Records = field(init=False)
+    finished: FinishedReplies = field(init=False)
     quota: Any = None
     _cluster: Any = None
     _auth_cache: dict[str, tuple[float, User]] = field(default_factory=dict)
@@ -50,6 +52,7 @@ class Gateway:
         self.relay = TokenRelay(self.settings.kafka_bootstrap, self.topics.tokens)
         await self.relay.start()
         self.redis = aioredis.Redis.from_url(self.settings.redis_url)
+        self.finished = FinishedReplies(self.redis)
         self._cluster, session = connect(self.settings)
         db = AsyncSession(session)
         self.accounts, self.conversations, self.records = Accounts(db), Conversations(db), Records(db)

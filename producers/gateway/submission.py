@@ -4,14 +4,22 @@ Shared by the native chat routes and the OpenAI-compatible route: subscribe to t
 generation's token events first (so none is missed), mark the caller as owner and
 reader, produce ``MessageSubmitted`` (answered only after Kafka's ack), then wait
 briefly for the first decision. A refusal raises ``Refused`` before any stream starts.
+
+If the gateway gives up on a request it may already have put in (the produce failed or
+timed out, the client left before the decision), it releases the reservation at once
+(or, before admission reserved, marks it so it never will) and cancels the generation:
+the user is charged nothing and gets the running slot back.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from aiokafka.errors import KafkaError
 
 from infra.stores.accounts import User
 from producers.gateway.errors import ApiError
@@ -43,8 +51,16 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
     queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
     try:
         await gw.claim(generation_id, user.user_id, request.conversation_id)
-        await send(gw.producer, gw.topics.requests, request, key=user.user_id)
+        try:
+            await send(gw.producer, gw.topics.requests, request, key=user.user_id)
+        except (KafkaError, TimeoutError):
+            await give_up(gw, request, "the request could not be handed to Kafka")  # it may still be there
+            raise
         first = await decision(gw, queue)
+    except asyncio.CancelledError:
+        gw.relay.unsubscribe(generation_id, queue)
+        _detach(give_up(gw, request, "the client left before the first decision"))
+        raise
     except BaseException:
         gw.relay.unsubscribe(generation_id, queue)
         raise
@@ -69,6 +85,27 @@ async def decision(gw: Gateway, queue: asyncio.Queue[tuple[int, Any]]) -> Events
         if isinstance(item[1], (GenerationQueued, RequestRefused)):
             return got
     return got
+
+
+async def give_up(gw: Gateway, request: MessageSubmitted, why: str) -> None:
+    """Charge nothing for a request this gateway stopped following: release its reservation and slot now
+    (or keep admission from reserving one), then ask any worker holding it to stop."""
+    gid = request.generation_id
+    if gw.quota is not None:
+        with contextlib.suppress(Exception):  # Redis down too: the reaper releases it when it expires
+            await gw.quota.release(gid, "gateway", user_id=request.user_id, plan=request.plan)
+    with contextlib.suppress(KafkaError, TimeoutError):  # Kafka down: it was most likely never put in
+        await cancel(gw, gid, request.conversation_id, request.user_id)
+    log.info("generation %s given up (%s): reservation released, cancel sent", gid, why)
+
+
+_detached: set[asyncio.Task[None]] = set()
+
+
+def _detach(coro: Any) -> None:
+    task = asyncio.ensure_future(coro)
+    _detached.add(task)
+    task.add_done_callback(_detached.discard)
 
 
 async def cancel(gw: Gateway, generation_id: str, conversation_id: str, user_id: str) -> None:

@@ -30,7 +30,8 @@ class FakeQuota:
         return 12
 
 
-def _scheduler(busy: bool, busy_pools: tuple[str, ...] = ("large", "small"), quota: FakeQuota | None = None) -> Scheduler:
+def _scheduler(busy: bool, busy_pools: tuple[str, ...] = ("large", "small"),
+               quota: FakeQuota | None = None) -> Scheduler:
     queues = Queues({"large": PoolLoad(1, prior_rate=0.01), "small": PoolLoad(1, prior_rate=0.01)})
     if busy:
         for pool in busy_pools:
