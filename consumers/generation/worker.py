@@ -25,9 +25,11 @@ from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
 from consumers.generation.plan import Finish, Generate, Limits, finished_event, plan, status_for
 from consumers.generation.recovery import Saved, read_saved
+from infra.config.plans import Plan, load_plans
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.finished import FinishedReplies
+from infra.stores.quota import Quota
 from schemas import (
     CancelRequested,
     GenerationRequested,
@@ -60,7 +62,7 @@ class _Rebalance(ConsumerRebalanceListener):
 class GenerationWorker:
     def __init__(self, settings: Settings, limits: Limits, engine: Any, capacity: int,
                  worker_id: str | None = None, metrics_port: int | None = None,
-                 on_ready: Any = None) -> None:
+                 on_ready: Any = None, plans: dict[str, Plan] | None = None) -> None:
         self.on_ready = on_ready
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
         self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"
@@ -80,6 +82,7 @@ class GenerationWorker:
             session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
         self.redis = aioredis.Redis.from_url(settings.redis_url)
         self.finished = FinishedReplies(self.redis)
+        self.quota = Quota.configured(self.redis, plans or load_plans(), scope=settings.topic_prefix)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -289,8 +292,10 @@ class GenerationWorker:
                                           saved.next_seq - 1, decision.reason))
 
     async def _finish(self, event: Any) -> None:
-        if event.purpose == "reply":  # readable before anyone can see its end (read-your-writes)
-            await self.finished.put(event)
+        if event.purpose == "reply":
+            if event.status == "failed":  # costs nothing, and the slot is free before the client hears of it
+                await self.quota.release(event.generation_id, "worker")
+            await self.finished.put(event)  # readable before anyone can see its end (read-your-writes)
         # chat.tokens first: a recovering worker treats a finish there as final.
         await send(self.producer, self.topics.tokens, event, key=event.generation_id)
         await send(self.producer, self.topics.replies, event, key=event.conversation_id)
