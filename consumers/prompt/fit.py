@@ -34,29 +34,44 @@ class Fitted:
 
 def fit(turns: Sequence[Turn], count: Callable[[str], int], budget: int,
         summary: tuple[int, str] | None = None) -> Fitted:
-    """``turns`` oldest first, the last one unanswered. Keeps newest turns whole while they fit."""
-    used = count(SYSTEM_PROMPT) + PER_MESSAGE_OVERHEAD
-    kept: list[Turn] = []
+    """``turns`` oldest first, the last one unanswered. Keeps newest turns whole while they fit; when older
+    ones fall out and ``summary`` (upto_turn, text) covers them, its note gets room first, right after the
+    shared system prompt."""
+    base = count(SYSTEM_PROMPT) + PER_MESSAGE_OVERHEAD
+    kept = _newest(turns, count, budget - base)
+    dropped = turns[: len(turns) - len(kept)]
+    note = f"Summary of the earlier conversation: {summary[1]}" if summary is not None else ""
+    if dropped and summary is not None:
+        with_note = _newest(turns, count, budget - base - count(note) - PER_MESSAGE_OVERHEAD)
+        dropped_too = turns[: len(turns) - len(with_note)]
+        fits = sum(_cost(t, count) for t in with_note) + count(note) + PER_MESSAGE_OVERHEAD <= budget - base
+        if fits and summary[0] >= dropped_too[-1].turn - SUMMARY_MAX_GAP:
+            return _fitted(with_note, dropped_too, note)
+    return _fitted(kept, dropped, None)
+
+
+def _newest(turns: Sequence[Turn], count: Callable[[str], int], room: int) -> list[Turn]:
+    """The newest turns whose cost fits ``room``; the current turn always (the builder checks the window)."""
+    used, kept = 0, []
     for t in reversed(turns):
         cost = _cost(t, count)
-        if kept and used + cost > budget:  # the current turn is always kept; the builder checks context
+        if kept and used + cost > room:
             break
         kept.append(t)
         used += cost
     kept.reverse()
-    dropped = turns[: len(turns) - len(kept)]
+    return kept
+
+
+def _fitted(kept: list[Turn], dropped: Sequence[Turn], note: str | None) -> Fitted:
     messages = [{"role": "system", "content": SYSTEM_PROMPT}]
-    summary_used = False
-    if dropped and summary is not None and summary[0] >= dropped[-1].turn - SUMMARY_MAX_GAP:
-        note = f"Summary of the earlier conversation: {summary[1]}"
-        if used + count(note) + PER_MESSAGE_OVERHEAD <= budget:
-            messages.append({"role": "system", "content": note})
-            summary_used = True
+    if note is not None:
+        messages.append({"role": "system", "content": note})
     for t in kept:
         messages.append({"role": "user", "content": t.user})
         if t.assistant is not None:
             messages.append({"role": "assistant", "content": t.assistant})
-    return Fitted(messages, len(kept), dropped[-1].turn if dropped else None, summary_used)
+    return Fitted(messages, len(kept), dropped[-1].turn if dropped else None, note is not None)
 
 
 def _cost(t: Turn, count: Callable[[str], int]) -> int:
