@@ -43,7 +43,7 @@ class Scheduler:
     def __init__(self, topics: Topics, queues: Queues, plans: dict[str, Plan], models: dict[str, str],
                  canned: CannedReplies | None = None, quota: Any = None, finished: Any = None) -> None:
         self.topics, self.queues, self.plans, self.models = topics, queues, plans, models
-        self.canned, self.quota, self.finished = canned, quota, finished
+        self.canned, self.quota, self.replies = canned, quota, finished  # not .finished: a method
         self.partition_load: dict[str, Counter[int]] = {}
         self.placed: dict[str, tuple[str, int]] = {}
 
@@ -100,8 +100,8 @@ class Scheduler:
             message_id=p.assistant_message_id, turn=p.turn, parent_id=p.user_message_id, status="complete",
             text=text, usage=Usage(prompt_tokens=0, completion_tokens=0), model=CANNED_MODEL, pool=CANNED_POOL,
             worker_id="scheduler", reserved_tokens=p.reserved_tokens, route_reason="canned")
-        if self.finished is not None:
-            await self.finished.put(done)  # readable before its end is published, like a worker's reply
+        if self.replies is not None:
+            await self.replies.put(done)  # readable before its end is published, like a worker's reply
         return [Out(self.topics.tokens, queued, p.generation_id), Out(self.topics.tokens, done, p.generation_id),
                 Out(self.topics.replies, done, p.conversation_id)]
 
@@ -133,8 +133,8 @@ class Scheduler:
             generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
             reason="overloaded" if status == 503 else "invalid", message=message, status=status,
             retry_after_s=retry_after)
-        if self.finished is not None:
-            await self.finished.put(failed)
+        if self.replies is not None:
+            await self.replies.put(failed)
         return [Out(self.topics.tokens, refused, p.generation_id), Out(self.topics.replies, failed, p.conversation_id)]
 
 

@@ -21,6 +21,14 @@ def _prompt(question: str = "hello", pool: str = "large", plan: str = "free",
                        max_tokens=10, reserved_tokens=12, question=question, alternates=alternates or [])
 
 
+class FakeReplies:
+    def __init__(self) -> None:
+        self.put_: list[GenerationFinished] = []
+
+    async def put(self, event: GenerationFinished) -> None:
+        self.put_.append(event)
+
+
 class FakeQuota:
     def __init__(self) -> None:
         self.released: list[tuple[str, str]] = []
@@ -38,7 +46,7 @@ def _scheduler(busy: bool, busy_pools: tuple[str, ...] = ("large", "small"),
             for i in range(3):
                 queues.enqueued(f"{pool}{i}", pool, "free")
     return Scheduler(Topics("t."), queues, load_plans({}), {"large": "L", "small": "S"},
-                     CannedReplies({"hello": "prepared hi"}), quota)
+                     CannedReplies({"hello": "prepared hi"}), quota, FakeReplies())
 
 
 async def test_free_slot_routes_to_the_requested_pool_by_conversation() -> None:
@@ -84,3 +92,13 @@ async def test_no_prompt_for_the_small_pool_means_no_overflow_and_the_refusal_fr
     assert quota.released == [("g", "scheduler")]  # in the same step as the refusal
     outs = await _scheduler(busy=False, quota=quota).handle(_prompt(pool="huge"))
     assert isinstance(outs[0].event, RequestRefused) and quota.released[-1] == ("g", "scheduler")
+
+
+async def test_a_finished_reply_frees_its_place_in_the_queue() -> None:
+    scheduler = _scheduler(busy=False)
+    await scheduler.handle(_prompt("story"))
+    assert scheduler.queues.pools["large"].outstanding["free"] == {"g": "free"}
+    scheduler.finished("g")  # what the follower of chat.replies calls for every GenerationFinished
+    assert scheduler.queues.pools["large"].outstanding["free"] == {}
+    refused = await _scheduler(busy=True, busy_pools=("large",)).handle(_prompt("story"))
+    assert refused[1].event.status == "failed"
