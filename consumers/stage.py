@@ -18,8 +18,9 @@ from aiokafka import TopicPartition
 
 from infra.config.settings import Settings
 from schemas import Event
-from topics import Topics
+from topics import Role, Topics
 from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer
+from topics.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -35,35 +36,28 @@ class Out:
 Handler = Callable[[Any], Awaitable[list[Out]]]
 
 
-class Stage:
-    def __init__(self, name: str, settings: Settings, topic_attr: str, types: tuple[type[Event], ...],
-                 handler: Handler, *, per_key: bool = False, **consumer_options: Any) -> None:
-        """``per_key``: records of one partition with different keys are handled concurrently (in order per
-        key), for a handler whose order only matters per key and whose time is mostly waiting on I/O."""
-        self.name, self.settings, self.types, self.handler = name, settings, types, handler
+class Stage(Runner):
+    def __init__(self, role: Role, settings: Settings, types: tuple[type[Event], ...], handler: Handler, *,
+                 per_key: bool = False, **consumer_options: Any) -> None:
+        """Consumes the first topic ``role`` reads, in the stage's own group. ``per_key``: records of one
+        partition with different keys are handled concurrently (in order per key), for a handler whose order
+        only matters per key and whose time is mostly waiting on I/O."""
+        super().__init__()
+        self.name, self.settings, self.types, self.handler = role.stage, settings, types, handler
         self.per_key = per_key
         self.topics = Topics(settings.topic_prefix)
-        self.group = f"{settings.topic_prefix}{name}"
+        self.group = self.topics.group(role.stage)
         self.producer = make_producer(settings.kafka_bootstrap)
-        self.consumer = make_consumer(settings.kafka_bootstrap, getattr(self.topics, topic_attr),
+        self.consumer = make_consumer(settings.kafka_bootstrap, getattr(self.topics, role.reads[0].attr),
                                       group_id=self.group, **consumer_options)
-        self._stopping = asyncio.Event()
 
-    async def run(self) -> None:
-        await self.producer.start()
-        await self.consumer.start()
-        log.info("stage %s consuming %s", self.name, self.consumer.subscription())
-        try:
-            while not self._stopping.is_set():
-                batch = await self.consumer.getmany(timeout_ms=100, max_records=200)
-                if batch:
-                    await asyncio.gather(*(self._partition(tp, records) for tp, records in batch.items()))
-        finally:
-            await self.consumer.stop()
-            await self.producer.stop()
+    def clients(self) -> list[Any]:
+        return [self.producer, self.consumer]
 
-    def stop(self) -> None:
-        self._stopping.set()
+    async def step(self) -> None:
+        batch = await self.consumer.getmany(timeout_ms=100, max_records=200)
+        if batch:
+            await asyncio.gather(*(self._partition(tp, records) for tp, records in batch.items()))
 
     async def _partition(self, tp: TopicPartition, records: list[Any]) -> None:
         if self.per_key and len(records) > 1:
@@ -92,18 +86,3 @@ class Stage:
                     log.debug("stage %s offset %d: fetched %.1f ms after produce, handled in %.1f ms", self.name,
                               record.offset, (began - record.timestamp / 1000) * 1000, (time.time() - began) * 1000)
         return acks
-
-
-async def run_stages(*stages: Any) -> None:
-    """Run stages together until one fails; the others are then stopped too."""
-    tasks = [asyncio.create_task(s.run(), name=getattr(s, "name", type(s).__name__)) for s in stages]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            task.result()
-    finally:
-        for s in stages:
-            s.stop()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

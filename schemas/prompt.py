@@ -4,7 +4,7 @@ from __future__ import annotations
 import msgspec
 
 from schemas.base import Event
-from schemas.gateway import Plan
+from schemas.gateway import PlanName
 
 
 class PoolPrompt(msgspec.Struct, frozen=True, kw_only=True):
@@ -21,7 +21,7 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     pool: str
     user_message_id: str
     assistant_message_id: str

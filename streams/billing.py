@@ -26,9 +26,11 @@ from infra.stores import keys
 from infra.stores.records import Records
 from schemas import GenerationFinished, UsageRecorded
 from streams.settlement import charge_for
-from topics import Topics
+from topics import Role, Topics
+from topics.catalogue import BILLING, REPLIES, USAGE
 from topics.replay import replay as replay_topic
 
+ROLE = Role(BILLING, reads=(USAGE, REPLIES), writes=())  # replays usage and replies without a group
 REDIS_DAYS = 8  # the quota's day-counter lifetime (Quota.day_ttl_s)
 
 

@@ -25,9 +25,13 @@ from infra.stores.conversations import Conversations, Message
 from infra.stores.finished import FinishedReplies
 from infra.stores.records import Records, Summary
 from schemas import GenerationRequested, PoolPrompt, PromptBuilt, RequestAdmitted, RequestRefused
-from topics import Topics
+from schemas.scheduler import BACKGROUND_PRIORITY
+from topics import GENERATE, Role, Topics
+from topics.catalogue import ADMITTED, DEADLETTER, PROMPT, PROMPTS, TOKENS
 
 log = logging.getLogger(__name__)
+# Writes chat.tokens only to refuse a prompt that cannot fit; the summary request goes to the small pool.
+ROLE = Role(PROMPT, reads=(ADMITTED,), writes=(PROMPTS, GENERATE, TOKENS, DEADLETTER))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +215,8 @@ class PromptBuilder:
         return Out(self.topics.generate(pool, "free"), GenerationRequested(
             generation_id=f"{req.generation_id}:summary", conversation_id=req.conversation_id,
             user_id=req.user_id, plan=req.plan, pool=pool, lane="free", prompt_token_ids=ids,
-            max_tokens=summaries.SUMMARY_MAX_TOKENS, priority=20, turn=upto, purpose="summary", temperature=0.0),
+            max_tokens=summaries.SUMMARY_MAX_TOKENS, priority=BACKGROUND_PRIORITY, turn=upto, purpose="summary",
+            temperature=0.0),
             req.conversation_id)
 
 

@@ -11,8 +11,10 @@ import signal
 
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
+from infra.local.wiring import PIPELINE, build_stages
+from topics.runner import run_stages
 
-STAGES = ("admission", "prompt", "scheduler", "persistence", "settlement", "reaper", "usage-rollup", "abandoned")
+STAGES = tuple(PIPELINE)
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -20,15 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logconfig.configure()
-    asyncio.run(_main(Settings.from_env(), tuple(args.only or STAGES)))
+    settings = Settings.from_env()
+    logconfig.configure(settings.debug)
+    asyncio.run(_main(settings, tuple(args.only or STAGES)))
     return 0
 
 
 async def _main(settings: Settings, names: tuple[str, ...]) -> None:
-    from consumers.stage import run_stages
-    from infra.local.wiring import build_stages
-
     stages, close = await build_stages(settings, names)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -38,5 +38,3 @@ async def _main(settings: Settings, names: tuple[str, ...]) -> None:
         await run_stages(*stages)
     finally:
         await close()
-
-

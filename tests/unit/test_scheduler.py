@@ -45,7 +45,7 @@ def _scheduler(busy: bool, busy_pools: tuple[str, ...] = ("large", "small"),
         for pool in busy_pools:
             for i in range(3):
                 queues.enqueued(f"{pool}{i}", pool, "free")
-    return Scheduler(Topics("t."), queues, load_plans({}), {"large": "L", "small": "S"},
+    return Scheduler(Topics("t."), queues, load_plans(), {"large": "L", "small": "S"},
                      CannedReplies({"hello": "prepared hi"}), quota, FakeReplies())
 
 
