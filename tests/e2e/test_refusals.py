@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from infra.config.plans import load_plans
+from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from schemas import new_id
 from tests.e2e.client import frames, text_of
@@ -71,7 +72,8 @@ async def test_an_expired_reservation_with_no_reply_is_charged_nothing(service: 
                                                                        bob: Caller) -> None:
     redis = aioredis.Redis.from_url(service.settings.redis_url)
     try:  # a request admitted and then lost (its gateway and worker died): nothing in the replies log
-        quota = Quota(redis, load_plans(service.env), scope=service.settings.topic_prefix, reservation_ttl_s=1)
+        plans = load_plans(Settings.from_env(service.env).plans_file)
+        quota = Quota(redis, plans, scope=service.settings.topic_prefix, reservation_ttl_s=1)
         for _ in range(2):
             await quota.reserve(bob.user_id, "free", new_id(), 9_000)
     finally:
