@@ -52,7 +52,7 @@ def fit(turns: Sequence[Turn], count: Callable[[str], int], budget: int,
 
 def _newest(turns: Sequence[Turn], count: Callable[[str], int], room: int) -> list[Turn]:
     """The newest turns whose cost fits ``room``; the current turn always (the builder checks the window)."""
-    used, kept = 0, []
+    used, kept = 0, list[Turn]()
     for t in reversed(turns):
         cost = _cost(t, count)
         if kept and used + cost > room:

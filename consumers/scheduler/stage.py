@@ -88,7 +88,8 @@ class Scheduler:
                 generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
                 plan=p.plan, pool=decision.pool, lane=decision.lane,  # type: ignore[arg-type]
                 prompt_token_ids=ids, max_tokens=max_tokens,
-                priority=LANE_PRIORITY[decision.lane], message_id=p.assistant_message_id, turn=p.turn,
+                priority=LANE_PRIORITY[decision.lane],  # type: ignore[index]
+                message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
                 route_reason=decision.reason if decision.reason == "overflow" else p.route_reason,
                 enqueued_at=time.time(), **_temperature(p)),
