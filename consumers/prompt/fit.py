@@ -15,6 +15,10 @@ SYSTEM_PROMPT = (
 PER_MESSAGE_OVERHEAD = 5  # a first guess at the chat template's tokens per message; fit_window measures
 SUMMARY_MAX_GAP = 4  # a summary still stands in for the dropped turns when it misses at most this many
 MIN_REPLY_TOKENS = 64  # room a lone long message must leave for its reply (or the reply cap, if smaller)
+# Turns fall out in blocks: the oldest kept turn is a multiple of this, so it stays put for several prompts
+# and the engine's prefix cache keeps serving the prompt's start (system, summary, oldest turns) instead of
+# prefilling the whole window again on every turn. Costs up to DROP_STEP - 1 turns of context.
+DROP_STEP = 4
 
 
 @dataclass(frozen=True)
@@ -38,11 +42,11 @@ def fit(turns: Sequence[Turn], count: Callable[[str], int], budget: int,
     ones fall out and ``summary`` (upto_turn, text) covers them, its note gets room first, right after the
     shared system prompt."""
     base = count(SYSTEM_PROMPT) + PER_MESSAGE_OVERHEAD
-    kept = _newest(turns, count, budget - base)
+    kept = _aligned(_newest(turns, count, budget - base), len(turns))
     dropped = turns[: len(turns) - len(kept)]
     note = f"Summary of the earlier conversation: {summary[1]}" if summary is not None else ""
     if dropped and summary is not None:
-        with_note = _newest(turns, count, budget - base - count(note) - PER_MESSAGE_OVERHEAD)
+        with_note = _aligned(_newest(turns, count, budget - base - count(note) - PER_MESSAGE_OVERHEAD), len(turns))
         dropped_too = turns[: len(turns) - len(with_note)]
         fits = sum(_cost(t, count) for t in with_note) + count(note) + PER_MESSAGE_OVERHEAD <= budget - base
         if fits and summary[0] >= dropped_too[-1].turn - SUMMARY_MAX_GAP:
@@ -61,6 +65,14 @@ def _newest(turns: Sequence[Turn], count: Callable[[str], int], room: int) -> li
         used += cost
     kept.reverse()
     return kept
+
+
+def _aligned(kept: list[Turn], total: int) -> list[Turn]:
+    """``kept`` from the next turn number that is a multiple of DROP_STEP (the current turn always stays)."""
+    if len(kept) == total:
+        return kept  # nothing fell out: nothing to align
+    start = -(-kept[0].turn // DROP_STEP) * DROP_STEP
+    return [t for t in kept if t.turn >= start] or kept[-1:]
 
 
 def _fitted(kept: list[Turn], dropped: Sequence[Turn], note: str | None) -> Fitted:

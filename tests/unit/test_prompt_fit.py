@@ -1,4 +1,5 @@
 from consumers.prompt.fit import (
+    DROP_STEP,
     MIN_REPLY_TOKENS,
     PER_MESSAGE_OVERHEAD,
     SUMMARY_MAX_GAP,
@@ -33,8 +34,10 @@ def test_everything_fits_under_a_big_budget() -> None:
 def test_oldest_turns_fall_out_first_and_the_budget_holds() -> None:
     budget = words(SYSTEM_PROMPT) + PER_MESSAGE_OVERHEAD + 2 * (2 * (10 + PER_MESSAGE_OVERHEAD)) + 10
     fitted = fit(_turns(6), words, budget)
-    assert fitted.turns_kept == 3  # two whole exchanges plus the question
-    assert fitted.dropped_upto_turn == 2
+    # Two whole exchanges plus the question would fit (turns 3-5); turns fall out in blocks of DROP_STEP,
+    # so the oldest kept turn is 4.
+    assert fitted.turns_kept == 2
+    assert fitted.dropped_upto_turn == 3
     total = sum(words(m["content"]) + PER_MESSAGE_OVERHEAD for m in fitted.messages)
     assert total <= budget
 
@@ -83,7 +86,7 @@ def test_window_fits_the_rendered_prompt_under_the_pool_window_minus_the_reply_c
         got = fit_window(lambda b: fit(turns, words, b), render, 6000, context, cap)
         assert isinstance(got, Window) and got.max_tokens == cap
         assert len(got.ids) <= context - cap  # measured with the template, not the per-message guess
-        assert len(got.ids) + 2 * (2 * (30 + 9)) > context - cap  # and not much shorter than it could be
+        assert len(got.ids) + DROP_STEP * 2 * (30 + 9) > context - cap  # not much shorter than it could be
         assert got.fitted.dropped_upto_turn is not None
 
 
@@ -123,3 +126,16 @@ def test_summaries_roll_forward_from_the_previous_one() -> None:
     assert body.count("User:") == 3  # turns 5, 6 and 7: the previous summary covers the rest
     short = summary_messages(turns, 7, None, words, 60)
     assert 1 <= short[1]["content"].count("User:") < 8 and words(short[1]["content"]) <= 60
+
+
+def test_the_oldest_kept_turn_stays_put_for_several_prompts() -> None:
+    """So the engine's prefix cache serves the start of the next prompts instead of prefilling it again."""
+    budget = 600
+    firsts = []
+    for n in range(20, 40):
+        fitted = fit(_turns(n, size=30), words, budget)
+        firsts.append(fitted.dropped_upto_turn)  # the oldest kept turn is the one after it
+        assert sum(words(m["content"]) + PER_MESSAGE_OVERHEAD for m in fitted.messages) <= budget
+    changes = sum(1 for a, b in zip(firsts, firsts[1:], strict=False) if a != b)
+    assert None not in firsts and changes <= len(firsts) // DROP_STEP + 1  # once a block, not once a turn
+    assert all((d + 1) % DROP_STEP == 0 for d in firsts)  # type: ignore[operator]
