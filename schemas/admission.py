@@ -5,6 +5,7 @@ from typing import Literal
 
 from schemas.base import Event
 from schemas.gateway import ChatTurn, PlanName
+from schemas.sampling import Sampling
 
 
 class RequestAdmitted(Event, frozen=True, kw_only=True):
@@ -20,15 +21,17 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     pool: str
     parent_id: str | None = None
     regenerate: bool = False
+    edit_of: str | None = None
     reply_cap: int
     reserved_tokens: int
     route_reason: str = "default"  # why this pool: default, requested, classifier
     temperature: float | None = None
-    history: list[ChatTurn] | None = None
+    history: list[ChatTurn] | str | None = None  # str: sealed
+    sampling: Sampling | str | None = None
 
 
 RefusalReason = Literal[
-    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long"
+    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long", "blocked"
 ]
 
 

@@ -7,9 +7,11 @@ import msgspec
 
 from schemas.base import Event
 from schemas.gateway import PlanName
+from schemas.safety import Block
+from schemas.sampling import TokenLogprob
 from schemas.scheduler import Purpose
 
-Status = Literal["complete", "stopped", "length", "failed"]
+Status = Literal["complete", "stopped", "length", "failed", "blocked"]
 
 
 class GenerationStarted(Event, frozen=True, kw_only=True):
@@ -35,8 +37,9 @@ class TokensAppended(Event, frozen=True, kw_only=True):
     conversation_id: str
     user_id: str
     seq: int  # per generation, from 0, no gaps
-    text: str
-    token_ids: list[int]
+    text: str  # sealed
+    token_ids: list[int] | str  # str: sealed
+    logprobs: list[TokenLogprob] | str | None = None  # one per token id, only when the client asked; str: sealed
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,3 +71,4 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     route_reason: str = "default"
     started_at: float = 0.0
     first_token_at: float = 0.0
+    block: Block | None = None  # status blocked: why (the text is the notice)

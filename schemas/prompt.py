@@ -5,6 +5,7 @@ import msgspec
 
 from schemas.base import Event
 from schemas.gateway import PlanName
+from schemas.sampling import Sampling
 
 
 class PoolPrompt(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,7 +27,7 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     user_message_id: str
     assistant_message_id: str
     turn: int
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | str  # str: sealed
     max_tokens: int
     reserved_tokens: int
     turns_kept: int = 0
@@ -34,4 +35,5 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     route_reason: str = "default"
     temperature: float | None = None
     question: str = ""  # the user's message, for the last-resort tier's prepared replies
+    sampling: Sampling | str | None = None
     alternates: list[PoolPrompt] = []  # a pool missing here (and not ``pool``) cannot take this request

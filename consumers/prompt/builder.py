@@ -5,7 +5,8 @@ Saves the user message in Cassandra *before* generation (key conversation + turn
 claims the client_message_id (a retried request joins the first one's generation),
 loads history (with any reply that ended but is not saved yet), fits it to the pool's
 window with the model's own tokenizer, and asks the small pool for a summary when
-older turns fall out. A request it refuses gets its reservation released at once.
+older turns fall out. A request it refuses gets its reservation released at once. A message admission's input check
+blocked (``InputBlocked``) is saved as ``blocked``, its text replaced by the notice.
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumers.prompt import summary as summaries
+from consumers.prompt.branch import branch_turns, newest_reply
 from consumers.prompt.fit import TooLong, Turn, Window, fit, fit_history, fit_window
 from consumers.stage import Out
 from infra.stores import keys
 from infra.stores.conversations import Conversations, Message
 from infra.stores.finished import FinishedReplies
 from infra.stores.records import Records, Summary
-from schemas import GenerationRequested, PoolPrompt, PromptBuilt, RequestAdmitted, RequestRefused
+from schemas import GenerationRequested, InputBlocked, PoolPrompt, PromptBuilt, RequestAdmitted, RequestRefused
 from schemas.scheduler import BACKGROUND_PRIORITY
 from topics import GENERATE, Role, Topics
 from topics.catalogue import ADMITTED, DEADLETTER, PROMPT, PROMPTS, TOKENS
@@ -44,15 +46,20 @@ class Built:
 class PromptBuilder:
     def __init__(self, conversations: Conversations, records: Records, topics: Topics,
                  tokenizer_for_pool: Callable[[str], Any], budget: int, max_model_len: Callable[[str], int],
-                 quota: Any = None, redis: Any = None, overflow_pool: str = "small",
-                 same_model: Callable[[str, str], bool] = lambda a, b: True) -> None:
+                 quota: Any = None, keep_nothing: frozenset[str] = frozenset(), redis: Any = None,
+                 overflow_pool: str = "small", same_model: Callable[[str, str], bool] = lambda a, b: True) -> None:
         """``same_model(a, b)``: pools ``a`` and ``b`` serve one model (a prompt's token ids are valid for both)."""
         self.conversations, self.records, self.topics = conversations, records, topics
+        self.keep_nothing = keep_nothing  # no-retention plans: the prompt is built, no text is stored
         self.tokenizer_for_pool, self.budget, self.max_model_len = tokenizer_for_pool, budget, max_model_len
         self.quota, self.redis, self.overflow_pool, self.same_model = quota, redis, overflow_pool, same_model
-        self.finished = FinishedReplies(redis) if redis is not None else None
+        self.finished = (FinishedReplies(redis, sealer=getattr(conversations, "sealer", None))
+                         if redis is not None else None)
 
-    async def handle(self, req: RequestAdmitted) -> list[Out]:
+    async def handle(self, req: RequestAdmitted | InputBlocked) -> list[Out]:
+        if isinstance(req, InputBlocked):
+            await self._save_blocked(req)
+            return []
         began = time.perf_counter()
         # Independent reads together: the stage's latency is its round trips to Cassandra.
         history, summary = await asyncio.gather(
@@ -64,7 +71,7 @@ class PromptBuilder:
         turn, user_message = self._place(req, history)
         if user_message is None:
             return await self._refused(req, 404, "invalid", "That message is no longer in the conversation.")
-        built = self._build(req, history, summary, turn, user_message.content)
+        built = self._build(req, history, summary, user_message)
         if isinstance(built, TooLong):
             return await self._too_long(req, built)
         # The user message is saved before generation begins (before PromptBuilt is produced). The durable
@@ -83,7 +90,7 @@ class PromptBuilder:
             if won.turn != turn:  # a redelivery after a later message moved the next turn: keep the first one
                 await self._take_back(req, turn, user_message)
                 turn, user_message = won.turn, dataclasses.replace(user_message, turn=won.turn)
-                built = self._build(req, history, summary, turn, user_message.content)
+                built = self._build(req, history, summary, user_message)
                 if isinstance(built, TooLong):
                     return await self._too_long(req, built)
                 await asyncio.gather(*self._writes(req, turn, user_message, history, len(built.window.ids)))
@@ -95,7 +102,7 @@ class PromptBuilder:
             max_tokens=window.max_tokens, reserved_tokens=req.reserved_tokens,
             turns_kept=window.fitted.turns_kept, summary_used=window.fitted.summary_used,
             route_reason=req.route_reason, temperature=req.temperature, question=user_message.content[:500],
-            alternates=built.alternates), req.conversation_id)]
+            sampling=req.sampling, alternates=built.alternates), req.conversation_id)]
         dropped = window.fitted.dropped_upto_turn
         if req.history is None and summaries.wanted(dropped, summary) and await self._summary_slot(req, dropped):
             request = self._summary_request(req, built.turns, dropped, summary)  # type: ignore[arg-type]
@@ -110,27 +117,57 @@ class PromptBuilder:
                   (read_at - began) * 1000, (done - read_at) * 1000)
         return outs
 
-    def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message | None]:
-        """The turn to answer and its user message (None when regenerating a message that is not there)."""
-        if req.regenerate:
-            parent = next((m for m in history if m.message_id == req.parent_id and m.role == "user"), None)
-            return (parent.turn, parent) if parent is not None else (-1, None)
-        turn = max((m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
-        return turn, Message(req.conversation_id, turn, req.message_id, "user", req.content, status="complete",
-                             generation_id=req.generation_id, client_message_id=req.client_message_id,
-                             created_at=datetime.now(UTC))
+    async def _save_blocked(self, e: InputBlocked) -> None:
+        """The refused message, kept in its conversation as ``blocked`` (the notice, not the flagged text)."""
+        if e.regenerate:
+            return  # the message was saved (and answered) before; only this new reply was refused
+        history = await self.conversations.all_messages(e.conversation_id)
+        turn = next((m.turn for m in history if m.message_id == e.message_id),  # a redelivery: same row
+                    max((m.turn for m in history if m.role == "user"), default=-1) + 1)
+        await self.conversations.save_message(Message(
+            e.conversation_id, turn, e.message_id, "user", e.notice, status="blocked", generation_id=e.generation_id,
+            client_message_id=e.client_message_id, created_at=datetime.fromtimestamp(e.at, UTC),
+            block_category=e.block.category, rules_version=e.block.rules_version))
+        log.info("generation %s: user message saved as blocked (%s, rules %s)", e.generation_id, e.block.category,
+                 e.block.rules_version)
 
-    def _build(self, req: RequestAdmitted, history: list[Message], summary: Summary | None, turn: int,
-               user_text: str) -> Built | TooLong:
+    def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message | None]:
+        """The turn to answer and its user message (None when the message to regenerate or edit is not there).
+
+        A new message follows the reply it names (``parent_id``; by default the newest reply) and takes the
+        next turn; an edited one stands beside the message it edits, on the same turn with the same parent.
+        """
+        by_id = {m.message_id: m for m in history}
+        if not req.regenerate and (saved := by_id.get(req.message_id)) is not None and saved.role == "user":
+            return saved.turn, saved  # a redelivery: the message stays where it was first placed
+        if req.regenerate:
+            parent = by_id.get(req.parent_id or "")
+            return (parent.turn, parent) if parent is not None and parent.role == "user" else (-1, None)
+        if req.edit_of is not None:
+            edited = by_id.get(req.edit_of)
+            if edited is None or edited.role != "user":
+                return -1, None
+            turn, after = edited.turn, edited.parent_id
+        else:
+            prev = by_id.get(req.parent_id or "") or newest_reply(history, req.generation_id)
+            after = prev.message_id if prev is not None and prev.role == "assistant" else None
+            turn = prev.turn + 1 if after is not None and prev is not None else max(
+                (m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
+        return turn, Message(req.conversation_id, turn, req.message_id, "user", req.content, status="complete",
+                             parent_id=after, generation_id=req.generation_id,
+                             client_message_id=req.client_message_id, created_at=datetime.now(UTC))
+
+    def _build(self, req: RequestAdmitted, history: list[Message], summary: Summary | None,
+               user_message: Message) -> Built | TooLong:
         """The prompt for the request's pool, and for the overflow pool when its prompt would differ
         (another model's tokenizer, another window): the scheduler may still send it there."""
-        turns = _turns(history, turn, user_text) if req.history is None else []
+        turns = [] if isinstance(req.history, list) else branch_turns(history, user_message)
         window = self._fit(req, turns, summary, req.pool)
         if isinstance(window, TooLong):
             return window
         alternates = []
         other = self.overflow_pool
-        if req.pool != other and self._can_overflow(req.pool, other):
+        if req.pool != other and self._can_overflow(other):
             if not self.same_model(req.pool, other) or self.max_model_len(other) != self.max_model_len(req.pool):
                 alt = self._fit(req, turns, summary, other)
                 if isinstance(alt, Window):  # no alternate: the scheduler will not overflow this one
@@ -139,7 +176,7 @@ class PromptBuilder:
                 alternates.append(PoolPrompt(pool=other, max_tokens=window.max_tokens))  # same ids fit there
         return Built(window, turns, alternates)
 
-    def _can_overflow(self, pool: str, other: str) -> bool:
+    def _can_overflow(self, other: str) -> bool:
         try:
             self.max_model_len(other)
         except KeyError:
@@ -148,7 +185,7 @@ class PromptBuilder:
 
     def _fit(self, req: RequestAdmitted, turns: list[Turn], summary: Summary | None, pool: str) -> Window | TooLong:
         tok = self.tokenizer_for_pool(pool)
-        if req.history is not None:  # the client sent the whole history (OpenAI-compatible API)
+        if isinstance(req.history, list):  # the client sent the whole history (OpenAI-compatible API)
             pairs = [(t.role, t.content) for t in req.history]
             return fit_window(lambda b: fit_history(pairs, tok.count, b), tok.chat_ids, self.budget,
                               self.max_model_len(pool), req.reply_cap)
@@ -158,8 +195,10 @@ class PromptBuilder:
 
     def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
                 prompt_tokens: int) -> list[Awaitable[Any]]:
-        writes: list[Awaitable[Any]] = [self._save_placeholder(req, turn, user_message.message_id, history)]
-        if not req.regenerate:
+        writes: list[Awaitable[Any]] = []
+        if req.plan not in self.keep_nothing:
+            writes.append(self._save_placeholder(req, turn, user_message.message_id, history))
+        if not req.regenerate and req.plan not in self.keep_nothing:
             writes.append(self.conversations.save_message(user_message))
         if self.quota is not None:
             writes.append(self.quota.true_up(req.generation_id, prompt_tokens))  # estimate -> real prompt size
@@ -218,17 +257,6 @@ class PromptBuilder:
             max_tokens=summaries.SUMMARY_MAX_TOKENS, priority=BACKGROUND_PRIORITY, turn=upto, purpose="summary",
             temperature=0.0),
             req.conversation_id)
-
-
-def _turns(history: list[Message], current_turn: int, current_text: str) -> list[Turn]:
-    """One (user, newest finished assistant) pair per earlier turn, then the turn to answer."""
-    users = {m.turn: m.content for m in history if m.role == "user" and m.turn < current_turn}
-    replies: dict[int, str] = {}
-    for m in history:  # oldest first, so the newest sibling wins
-        if m.role == "assistant" and m.turn < current_turn and m.status in ("complete", "stopped", "length"):
-            replies[m.turn] = m.content
-    earlier = [Turn(t, users[t], replies.get(t, "")) for t in sorted(users)]
-    return earlier + [Turn(current_turn, current_text, None)]
 
 
 async def _none() -> None:

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from infra.stores import keys
 from infra.stores.conversations import Message
 from schemas import GenerationFinished, decode, encode
@@ -33,8 +35,10 @@ def overlay(messages: Iterable[Message], finished: dict[str, GenerationFinished]
 
 
 class FinishedReplies:
-    def __init__(self, redis: Any, keep_s: int = KEEP_S) -> None:
-        self.redis, self.keep_s = redis, keep_s
+    """``sealer``: the stored event's text is sealed like the event on Kafka (erasure holds); reads open it."""
+
+    def __init__(self, redis: Any, keep_s: int = KEEP_S, sealer: Any = None) -> None:
+        self.redis, self.keep_s, self.sealer = redis, keep_s, sealer
 
     async def put(self, event: GenerationFinished) -> None:
         await self.redis.set(keys.finished_reply(event.generation_id), encode(event), ex=self.keep_s)
@@ -51,5 +55,8 @@ class FinishedReplies:
             if raw is not None:
                 event = decode(raw, (GenerationFinished,))
                 if isinstance(event, GenerationFinished):
+                    if self.sealer is not None:
+                        text = await self.sealer.open_text(event.conversation_id, event.text)
+                        event = msgspec.structs.replace(event, text=text or "")
                     found[gid] = event
         return overlay(messages, found) if found else messages

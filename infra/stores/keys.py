@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 PREFIX = "parley:"
+RETRACTED_TTL_S = 6 * 3600  # well past chat.tokens' 10 minutes: no replay of the buffer outlives the marker
 
 
 def generation_started(generation_id: str) -> str:
     """Set by the worker at the first token; a redelivered request with it set is recovered, not restarted."""
     return f"{PREFIX}gen:{generation_id}:started"
+
+
+def generation_retracted(generation_id: str) -> str:
+    """Set by the worker before it writes ``GenerationRetracted``: replays of the token buffer skip the
+    generation's text (value: the last seq a reader may have shown)."""
+    return f"{PREFIX}gen:{generation_id}:retracted"
 
 
 def reader_heartbeat(generation_id: str) -> str:
@@ -18,8 +25,18 @@ def client_message(conversation_id: str, client_message_id: str) -> str:
     return f"{PREFIX}cmid:{conversation_id}:{client_message_id}"
 
 
+def conversation_generations(conversation_id: str) -> str:
+    """Set of a conversation's generation ids (added when the gateway claims one): what a delete cancels."""
+    return f"{PREFIX}conv:{conversation_id}:gens"
+
+
 def generation_owner(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:owner"
+
+
+def response(generation_id: str) -> str:
+    """A Responses-API response's request (model, instructions, background, ...), JSON; any gateway reads it."""
+    return f"{PREFIX}gen:{generation_id}:response"
 
 
 def quota(user_id: str) -> str:
@@ -77,3 +94,8 @@ def finished_reply(generation_id: str) -> str:
 def summary_requested(conversation_id: str) -> str:
     """Set while a summary of a conversation's older turns is being written (one at a time)."""
     return f"{PREFIX}conv:{conversation_id}:summary-requested"
+
+
+def page_session(session_hash: str) -> str:
+    """The page's signed-in session -> user id, with the session's expiry as TTL; keyed by the id's SHA-256."""
+    return f"{PREFIX}session:{session_hash}"

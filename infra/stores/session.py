@@ -10,9 +10,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy
-from cassandra.query import PreparedStatement
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from infra.config.settings import Settings
 
@@ -31,10 +32,11 @@ logging.getLogger("cassandra.protocol").addFilter(_PreparedKeyspaceNotice())
 def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Session]:
     """A cluster and a session; ``keyspace=""`` means the configured one, ``None`` means none."""
     cluster = Cluster(
-        [settings.host],
+        settings.cassandra_contact_points,
         port=settings.ports.cassandra,
         execution_profiles={EXEC_PROFILE_DEFAULT: ExecutionProfile(
-            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"), request_timeout=30)},
+            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=settings.cassandra_dc), request_timeout=30,
+            consistency_level=ConsistencyLevel.name_to_value[settings.cassandra_consistency])},
         protocol_version=5,
         connect_timeout=10,
     )
@@ -68,6 +70,14 @@ class AsyncSession:
 
     async def execute(self, cql: str, params: Sequence[Any] = ()) -> list[Any]:
         return (await self.page(cql, params, fetch_size=None)).rows
+
+    async def batch(self, cql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement bound to many rows, sent as an unlogged batch (for rows of one partition)."""
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        stmt = self.prepare(cql)
+        for params in rows:
+            batch.add(stmt, params)
+        await _bridge(self.session.execute_async(batch))
 
     async def page(self, cql: str, params: Sequence[Any] = (), fetch_size: int | None = 50,
                    paging_state: bytes | None = None) -> Page:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from infra.stores import keys
 from infra.stores.accounts import User
-from producers.gateway import openai_compat, submission
+from producers.gateway import metrics, openai_compat, sampling_params, submission
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found
 from producers.gateway.state import Gateway
@@ -35,7 +35,40 @@ class SendMessage(BaseModel):
     model: str | None = Field(default=None, description="model pool; default: the service's default pool")
     client_message_id: str | None = Field(default=None, max_length=128,
                                           description="retry key: the same id attaches to the same reply")
-    max_tokens: int | None = Field(default=None, ge=1, description="a shorter reply cap than the plan's")
+    # The OpenAI endpoint's sampling parameters (README); typed loosely so the one validator names the
+    # parameter in its message.
+    max_tokens: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    top_k: Any = None
+    min_p: Any = None
+    seed: Any = None
+    stop: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    min_tokens: Any = None
+    ignore_eos: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    response_format: Any = None
+
+    def sampled(self) -> tuple[int | None, sampling_params.Parsed]:
+        """(max_tokens, sampling), or a 422 naming the parameter."""
+        fields = self.model_dump(exclude={"content", "model", "client_message_id", "parent_id"}, exclude_none=True)
+        try:
+            max_tokens = sampling_params.positive_int(fields, "max_tokens")
+            return max_tokens, sampling_params.parse(fields, max_tokens)
+        except sampling_params.CompatError as exc:
+            raise ApiError(422, "invalid_parameter", exc.message) from exc
+    parent_id: str | None = Field(default=None, max_length=64,
+                                  description="the reply this message follows (its branch); default: the newest")
+
+
+class EditMessage(BaseModel):
+    content: str = Field(description="the new text of the user message")
+    model: str | None = None
+    client_message_id: str | None = Field(default=None, max_length=128)
 
 
 class Regenerate(BaseModel):
@@ -57,15 +90,32 @@ async def models(request: Request, user: User = Depends(current_user)) -> dict[s
 async def send_message(request: Request, conversation_id: str, body: SendMessage,
                        user: User = Depends(current_user)) -> StreamingResponse:
     gw = gateway_of(request)
-    if not body.content.strip():
-        raise ApiError(422, "empty_content", "The message is empty. Type something to send.")
-    if len(body.content) > gw.settings.max_message_chars:
-        raise ApiError(413, "too_large", f"The message is {len(body.content):,} characters; the limit is "
-                                         f"{gw.settings.max_message_chars:,}. Shorten it or split it.")
+    _check_content(gw, body.content)
+    pool = _pool(gw, body.model)
+    max_tokens, sampled = body.sampled()
+    await _own_conversation(gw, conversation_id, user)
+    if body.parent_id is not None:
+        history = await gw.conversations.all_messages(conversation_id)
+        if not any(m.message_id == body.parent_id and m.role == "assistant" for m in history):
+            raise not_found("reply to follow (parent_id)")
+    return await _submit(request, gw, user, conversation_id, body.content, pool, body.client_message_id,
+                         message_id=new_id(), parent_id=body.parent_id, max_tokens=max_tokens, sampled=sampled)
+
+
+@router.post("/conversations/{conversation_id}/messages/{message_id}/edit", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+async def edit(request: Request, conversation_id: str, message_id: str, body: EditMessage,
+               user: User = Depends(current_user)) -> StreamingResponse:
+    """Edit and resend: a new user message beside ``message_id`` (same turn, same parent) with a new reply."""
+    gw = gateway_of(request)
+    _check_content(gw, body.content)
     pool = _pool(gw, body.model)
     await _own_conversation(gw, conversation_id, user)
+    history = await gw.conversations.all_messages(conversation_id)
+    if not any(m.message_id == message_id and m.role == "user" for m in history):
+        raise not_found("user message")
     return await _submit(request, gw, user, conversation_id, body.content, pool, body.client_message_id,
-                         message_id=new_id(), parent_id=None, max_tokens=body.max_tokens)
+                         message_id=new_id(), parent_id=None, edit_of=message_id)
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
@@ -85,7 +135,7 @@ async def regenerate(request: Request, conversation_id: str, message_id: str, bo
     if parent is None:
         raise not_found("message")
     return await _submit(request, gw, user, conversation_id, parent.content, pool, body.client_message_id,
-                         message_id=parent.message_id, parent_id=parent.message_id)
+                         message_id=parent.message_id, parent_id=parent.message_id, regenerate=True)
 
 
 @router.post("/generations/{generation_id}/cancel", status_code=202)
@@ -112,10 +162,20 @@ async def stream(request: Request, generation_id: str, user: User = Depends(curr
         after_offset = int(after) if after not in (None, "") else None
     except ValueError as exc:
         raise ApiError(422, "bad_last_event_id", "Last-Event-ID must be an event id this stream sent.") from exc
+    if after_offset is not None:
+        metrics.reconnected(user.plan)
     return _sse(gw, generation_id, owner[1], after=after_offset, queue=None, first=None)
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
+def _check_content(gw: Gateway, content: str) -> None:
+    if not content.strip():
+        raise ApiError(422, "empty_content", "The message is empty. Type something to send.")
+    if len(content) > gw.settings.max_message_chars:
+        raise ApiError(413, "too_large", f"The message is {len(content):,} characters; the limit is "
+                                         f"{gw.settings.max_message_chars:,}. Shorten it or split it.")
+
+
 def _pool(gw: Gateway, requested: str | None) -> str:
     pool = requested or gw.settings.default_pool
     if pool not in gw.models:
@@ -127,11 +187,13 @@ async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> No
     conv = await gw.conversations.get(conversation_id)
     if conv is None or conv.user_id != user.user_id:
         raise not_found("conversation")
+    await gw.sealer.keys.ensure(conversation_id, user.user_id)  # the message is sealed with it
 
 
 async def _submit(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
                   client_message_id: str | None, *, message_id: str, parent_id: str | None,
-                  max_tokens: int | None = None) -> StreamingResponse:
+                  regenerate: bool = False, edit_of: str | None = None, max_tokens: int | None = None,
+                  sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
     generation_id = new_id()
     cmid = client_message_id or f"auto-{uuid.uuid4().hex}"
     claimed = await gw.redis.set(keys.client_message(conversation_id, cmid), generation_id, nx=True, ex=CMID_TTL_S)
@@ -143,15 +205,23 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
             plan=user.plan, message_id=message_id, client_message_id=cmid, content=content, pool=pool,  # type: ignore[arg-type]
-            parent_id=parent_id, regenerate=parent_id is not None, max_tokens=max_tokens, gateway_id=gw.gateway_id))
+            parent_id=parent_id, regenerate=regenerate, edit_of=edit_of, gateway_id=gw.gateway_id,
+            max_tokens=max_tokens, temperature=sampled.temperature if sampled else None,
+            sampling=sampled.sampling if sampled else None))
     except submission.Refused:
         await gw.redis.delete(keys.client_message(conversation_id, cmid))  # a later retry may try again
         raise
-    return _sse(gw, generation_id, conversation_id, after=None, queue=accepted.queue, first=accepted.first)
+    return _sse(gw, generation_id, conversation_id, after=None, queue=accepted.queue, first=accepted.first,
+                on_event=accepted.watch.seen if accepted.watch else None)
+
+
+async def _retracted(gw: Gateway, generation_id: str) -> bool:
+    return bool(await gw.redis.exists(keys.generation_retracted(generation_id)))
 
 
 def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | None,
-         queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None) -> StreamingResponse:
+         queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None,
+         on_event: Any = None) -> StreamingResponse:
     async def saved() -> list[bytes]:
         messages = await gw.finished.current(await gw.conversations.all_messages(conversation_id))
         return saved_frames(next((m for m in messages if m.generation_id == generation_id
@@ -160,6 +230,6 @@ def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | 
     body = follow(gw.relay, generation_id, after=after, since_ms=id_time_ms(generation_id) - 2000, queue=queue,
                   first=first, keepalive_s=gw.keepalive_s, beat_every_s=gw.settings.reader_timeout_s / 3,
                   heartbeat=lambda: gw.reader_beat(generation_id),
-                  saved=saved)
+                  saved=saved, retracted=lambda: _retracted(gw, generation_id), on_event=on_event)
     headers = dict(SSE_HEADERS, **{"X-Generation-Id": generation_id})
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)

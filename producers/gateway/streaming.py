@@ -11,21 +11,30 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from producers.gateway.metrics import OPEN_STREAMS
 from producers.gateway.relay import Aged, TokenRelay
-from producers.gateway.sse import KEEPALIVE, frame, is_last, to_sse
+from producers.gateway.sse import KEEPALIVE, STOP_REASONS, frame, is_last, to_sse
+from schemas import TokensAppended
 
 
 async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, since_ms: int,
                  queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None,
                  keepalive_s: float, beat_every_s: float, heartbeat: Callable[[], Awaitable[None]],
-                 saved: Callable[[], Awaitable[list[bytes]]]) -> AsyncIterator[bytes]:
-    """``queue``/``first``: a live subscription made before the request was produced (no replay needed)."""
+                 saved: Callable[[], Awaitable[list[bytes]]],
+                 retracted: Callable[[], Awaitable[bool]] | None = None,
+                 on_event: Callable[[Any], None] | None = None) -> AsyncIterator[bytes]:
+    """``queue``/``first``: a live subscription made before the request was produced (no replay needed).
+    ``retracted``: whether the output check retracted the reply; its text is then never replayed.
+    ``on_event`` sees each event of ``first`` and the live ones just before they are sent (metrics)."""
     live = queue if queue is not None else relay.subscribe(generation_id)
+    seen = on_event or (lambda _event: None)
+    OPEN_STREAMS.inc()
     beat = asyncio.create_task(keep_beating(heartbeat, beat_every_s))
     last = after if after is not None else -1
     try:
         if first is not None:
             for offset, event in first:
+                seen(event)
                 for f in to_sse(offset, event):
                     yield f
                 last = max(last, offset)
@@ -33,9 +42,13 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                     return
         else:
             replayed = 0
+            hide = retracted is not None and await retracted()
             try:
                 async for offset, event in relay.replay(generation_id, after, since_ms):
                     replayed += 1
+                    if hide and isinstance(event, TokensAppended):
+                        last = offset
+                        continue  # still in the buffer, but withdrawn: the retracted frame comes instead
                     for f in to_sse(offset, event):
                         yield f
                     last = offset
@@ -59,12 +72,14 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                 continue
             if offset <= last:
                 continue  # already sent during replay
+            seen(event)
             for f in to_sse(offset, event):
                 yield f
             last = offset
             if is_last(event):
                 return
     finally:
+        OPEN_STREAMS.dec()
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beat
@@ -82,7 +97,7 @@ def saved_frames(message: Any) -> list[bytes]:
     """A finished reply from Cassandra, for a reader who comes back after the buffer expired."""
     if message is None or message.status == "generating":
         return []
-    stop = {"complete": "end", "stopped": "stopped", "length": "length", "failed": "error"}.get(message.status, "end")
+    stop = STOP_REASONS.get(message.status, "end")
     return [
         frame("message_start", {"message_id": message.message_id, "generation_id": message.generation_id,
                                 "model": message.model, "pool": message.pool}),

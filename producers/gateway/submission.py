@@ -23,6 +23,7 @@ from aiokafka.errors import KafkaError
 
 from infra.stores.accounts import User
 from producers.gateway.errors import ApiError
+from producers.gateway.metrics import ReplyWatch
 from producers.gateway.state import Gateway
 from schemas import CancelRequested, GenerationQueued, MessageSubmitted, RequestRefused
 from topics.clients import send
@@ -44,15 +45,17 @@ class Accepted:
     generation_id: str
     queue: asyncio.Queue[tuple[int, Any]]  # the live subscription; the caller unsubscribes it
     first: Events  # events up to the first decision, already taken off ``queue``
+    watch: ReplyWatch | None = None  # what the user experiences: TTFT, tokens/s, how it ended
 
 
 async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted:
     generation_id = request.generation_id
+    watch = ReplyWatch(user.plan, request.pool or gw.settings.default_pool)  # accepted now: TTFT counts from here
     queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
     try:
         await gw.claim(generation_id, user.user_id, request.conversation_id)
         try:
-            await send(gw.producer, gw.topics.requests, request, key=user.user_id)
+            await send(gw.producer, gw.topics.requests, await gw.sealer.seal(request), key=user.user_id)
         except (KafkaError, TimeoutError):
             await give_up(gw, request, "the request could not be handed to Kafka")  # it may still be there
             raise
@@ -65,11 +68,15 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
         gw.relay.unsubscribe(generation_id, queue)
         raise
     refused = next((e for _, e in first if isinstance(e, RequestRefused)), None)
+    for _, event in first:
+        watch.seen(event)
     if refused is not None:
         gw.relay.unsubscribe(generation_id, queue)
         raise Refused(refused)
-    log.info("generation %s accepted for conversation %s", generation_id, request.conversation_id)
-    return Accepted(generation_id, queue, first)
+    log.info("generation %s accepted for conversation %s", generation_id, request.conversation_id,
+             extra={"generation_id": generation_id, "conversation_id": request.conversation_id,
+                    "user_id": user.user_id, "plan": user.plan, "pool": request.pool})
+    return Accepted(generation_id, queue, first, watch)
 
 
 async def decision(gw: Gateway, queue: asyncio.Queue[tuple[int, Any]]) -> Events:

@@ -35,6 +35,23 @@ async def test_conversations_list_newest_first_with_cursor(db) -> None:  # type:
     assert [c.updated_at for c in page1 + page2] == sorted((c.updated_at for c in page1 + page2), reverse=True)
 
 
+async def test_api_conversations_are_listed_only_when_asked_for(db) -> None:  # type: ignore[no-untyped-def]
+    convs = Conversations(db)
+    user = new_id()
+    page = await convs.create(user, title="page")
+    api = [await convs.create(user, title=f"api {i}", source="api") for i in range(4)]  # newer than the page one
+    touched = await convs.touch(api[0], datetime.now(UTC) + timedelta(seconds=5))
+    assert touched.source == "api" and (await convs.get(api[0].conversation_id)).source == "api"  # type: ignore[union-attr]
+    sidebar, cursor = await convs.list_for_user(user, limit=2)  # reads past the api rows to fill the page
+    assert [c.conversation_id for c in sidebar] == [page.conversation_id] and cursor is None
+    listed, _ = await convs.list_for_user(user, limit=10, source="api")
+    assert {c.conversation_id for c in listed} == {c.conversation_id for c in api} and len(listed) == 4
+    assert len((await convs.list_for_user(user, limit=10, source=None))[0]) == 5
+    await convs.mark_deleted(touched)
+    assert await convs.get(touched.conversation_id) is None
+    assert len((await convs.list_for_user(user, limit=10, source="api"))[0]) == 3
+
+
 async def test_messages_with_siblings_and_overwrite_on_retry(db) -> None:  # type: ignore[no-untyped-def]
     convs = Conversations(db)
     conv = await convs.create(new_id())

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaTimeoutError
 
+from infra.config.settings import Settings
 from infra.stores.accounts import User
 from producers.gateway import submission
 from schemas import MessageSubmitted
@@ -44,9 +45,15 @@ class _Producer:
             raise KafkaTimeoutError()
 
 
+class _Sealer:
+    async def seal(self, event: Any) -> Any:
+        return event
+
+
 class _Gateway:
     def __init__(self) -> None:
         self.relay, self.quota, self.producer, self.topics = _Relay(), _Quota(), _Producer(), Topics("t.")
+        self.settings, self.sealer = Settings(), _Sealer()
 
     async def claim(self, gid: str, user_id: str, conversation_id: str) -> None:
         return None

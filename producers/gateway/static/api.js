@@ -100,7 +100,7 @@ function parseFrame(text) {
 // what came after it. If the browser gives up (EventSource CLOSED), reopen with ?after=<id>.
 // Deltas at or below the last id seen are skipped, so nothing is ever shown twice.
 //
-// handlers: start(data), queued(data), delta(text), snapshot(text), end(data), error(data),
+// handlers: start(data), queued(data), delta(text), snapshot(text), retracted(notice), end(data), error(data),
 //           state("live" | "reconnecting" | "lost")
 export function follow(generationId, handlers) {
   const base = `/v1/generations/${encodeURIComponent(generationId)}/stream`;
@@ -131,6 +131,7 @@ export function follow(generationId, handlers) {
     on("queued", handlers.queued);
     on("delta", (d) => handlers.delta(d.text));
     on("snapshot", (d) => handlers.snapshot(d.text));
+    on("retracted", (d) => handlers.retracted(d.notice));
     on("message_end", (d) => { finish(); handlers.end(d); });
     source.addEventListener("error", (e) => {
       if (finished) return;
@@ -152,4 +153,19 @@ export function follow(generationId, handlers) {
 
   open();
   return { close: finish, get lastId() { return lastId; } };
+}
+
+// Every message of a conversation (all pages of them), and its title.
+export async function loadConversation(conversationId) {
+  const items = [];
+  let cursor = null;
+  let title = null;
+  do {
+    const query = new URLSearchParams({ limit: "500", ...(cursor ? { cursor } : {}) });
+    const page = await api("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/messages?${query}`);
+    items.push(...page.items);
+    ({ title } = page);
+    cursor = page.next_cursor;
+  } while (cursor);
+  return { title, items };
 }
