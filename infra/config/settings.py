@@ -97,6 +97,7 @@ class Settings:
     reader_timeout_s: float = 30.0  # a reply nobody reads for this long is cancelled
     admission_wait_s: float = 10.0  # how long a POST waits for admission before streaming anyway
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
+    session_ttl_s: int = 7 * 24 * 3600  # the page's sign-in lasts this long, then the cookie is refused
     # admission
     route_small_max_chars: int | None = None  # None: the short-message classifier is off
     min_visible_chars: int = 1
@@ -215,6 +216,7 @@ VARS: tuple[Var, ...] = (
     Var("READER_TIMEOUT_S", "reader_timeout_s", float),
     Var("ADMISSION_WAIT_S", "admission_wait_s", float),
     Var("LOCAL_MODE", "local_mode", _bool),
+    Var("SESSION_TTL_S", "session_ttl_s", int),
     Var("ROUTE_SMALL_MAX_CHARS", "route_small_max_chars", _optional_int),
     Var("MIN_VISIBLE_CHARS", "min_visible_chars", int),
     Var("HISTORY_ALLOWANCE", "history_allowance", int),
