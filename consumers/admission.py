@@ -27,6 +27,7 @@ from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Refusal, Reservation
+from infra.stores.sealing import Sealer
 from schemas import InputBlocked, MessageSubmitted, RequestAdmitted, RequestRefused
 from topics import Role, Topics
 from topics.catalogue import ADMISSION, ADMITTED, DEADLETTER, REQUESTS, TOKENS
@@ -106,7 +107,7 @@ def decide(event: MessageSubmitted, outcome: Reservation | Refusal, rules: Admis
         generation_id=event.generation_id, conversation_id=event.conversation_id, user_id=event.user_id,
         plan=event.plan, message_id=event.message_id, client_message_id=event.client_message_id,
         content=event.content, pool=pool, parent_id=event.parent_id, regenerate=event.regenerate,
-        reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
+        edit_of=event.edit_of, reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
         temperature=event.temperature, history=event.history, sampling=event.sampling)
     return [Out(topics.admitted, admitted, event.conversation_id)]
 
@@ -181,9 +182,10 @@ class Admission:
 
 
 def build_stage(settings: Settings, quota: Quota, plans: Mapping[str, Plan], pools: Iterable[str], *,
-                rules: AdmissionRules | None = None, classifier: Classifier | None = None) -> Stage:
+                rules: AdmissionRules | None = None, classifier: Classifier | None = None,
+                sealer: Sealer | None = None) -> Stage:
     """The admission consumer group, ready for ``run_stages``; ``classifier`` runs the input check."""
     admission = Admission(quota, plans, rules or AdmissionRules.from_settings(settings, pools),
                           Topics(settings.topic_prefix), classifier)
     # Keyed by user: one user's requests stay in order (their reservations), other users' go concurrently.
-    return Stage(ROLE, settings, (MessageSubmitted,), admission.handle, per_key=True)
+    return Stage(ROLE, settings, (MessageSubmitted,), admission.handle, per_key=True, sealer=sealer)

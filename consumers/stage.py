@@ -3,7 +3,9 @@
 A handler is ``async (event) -> list[Out]``; the loop produces its outputs and
 commits the record's offset only after they are acknowledged, so a crash
 re-handles a record (handlers are idempotent) but never loses one. Partitions
-are handled concurrently, records within one partition in order.
+are handled concurrently, records within one partition in order. With a ``Sealer``
+the handler sees opened events and its outputs are sealed on the way out; a record
+of a conversation whose data key is gone (deleted) is skipped.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from infra.config.settings import Settings
+from infra.stores.crypto import KeyGone
+from infra.stores.sealing import Sealer
 from schemas import Event
 from topics import Role, Topics
 from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer
@@ -39,13 +43,13 @@ Handler = Callable[[Any], Awaitable[list[Out]]]
 
 class Stage(Runner):
     def __init__(self, role: Role, settings: Settings, types: tuple[type[Event], ...], handler: Handler, *,
-                 per_key: bool = False, **consumer_options: Any) -> None:
+                 per_key: bool = False, sealer: Sealer | None = None, **consumer_options: Any) -> None:
         """Consumes the first topic ``role`` reads, in the stage's own group. ``per_key``: records of one
         partition with different keys are handled concurrently (in order per key), for a handler whose order
         only matters per key and whose time is mostly waiting on I/O."""
         super().__init__()
         self.name, self.settings, self.types, self.handler = role.stage, settings, types, handler
-        self.per_key = per_key
+        self.per_key, self.sealer = per_key, sealer
         self.topics = Topics(settings.topic_prefix)
         self.group = self.topics.group(role.stage)
         self.producer = make_producer(settings.kafka_bootstrap)
@@ -85,8 +89,14 @@ class Stage(Runner):
                 self._deadlettered.inc()
             else:
                 began = time.time()
+                try:
+                    outs = await self._sealed(await self.handler(await self._open(event)))
+                except KeyGone as gone:
+                    log.info("stage %s offset %d skipped: conversation %s deleted", self.name, record.offset,
+                             gone.conversation_id)
+                    continue
                 # Outputs go out together and in order; the next record is handled while they are in flight.
-                for out in await self.handler(event):
+                for out in outs:
                     acks.append(await enqueue(self.producer, out.topic, out.event, out.key, out.partition))
                 self._handled.inc()
                 self._seconds.observe(time.time() - began)
@@ -94,3 +104,11 @@ class Stage(Runner):
                     log.debug("stage %s offset %d: fetched %.1f ms after produce, handled in %.1f ms", self.name,
                               record.offset, (began - record.timestamp / 1000) * 1000, (time.time() - began) * 1000)
         return acks
+
+    async def _open(self, event: Event) -> Event:
+        return await self.sealer.open(event) if self.sealer else event
+
+    async def _sealed(self, outs: list[Out]) -> list[Out]:
+        if self.sealer is None:
+            return outs
+        return [Out(o.topic, await self.sealer.seal(o.event), o.key, o.partition) for o in outs]

@@ -21,12 +21,13 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     pool: str
     parent_id: str | None = None
     regenerate: bool = False
+    edit_of: str | None = None
     reply_cap: int
     reserved_tokens: int
     route_reason: str = "default"  # why this pool: default, requested, classifier
     temperature: float | None = None
-    history: list[ChatTurn] | None = None
-    sampling: Sampling | None = None
+    history: list[ChatTurn] | str | None = None  # str: sealed
+    sampling: Sampling | str | None = None
 
 
 RefusalReason = Literal[

@@ -13,6 +13,7 @@ import msgspec
 from schemas.admission import RequestAdmitted, RequestRefused
 from schemas.base import Event
 from schemas.deadletter import EventDeadLettered
+from schemas.deletion import ConversationDeleted, ConversationPurged
 from schemas.errors import MalformedEvent, UnsupportedVersion
 from schemas.gateway import CancelRequested, MessageSubmitted
 from schemas.generation import GenerationFinished, GenerationStarted, TokensAppended
@@ -36,6 +37,8 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     GenerationFinished,
     UsageRecorded,
     EventDeadLettered,
+    ConversationDeleted,
+    ConversationPurged,
 )
 
 _encoder = msgspec.json.Encoder()

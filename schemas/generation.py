@@ -37,9 +37,9 @@ class TokensAppended(Event, frozen=True, kw_only=True):
     conversation_id: str
     user_id: str
     seq: int  # per generation, from 0, no gaps
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprob] | None = None  # one per token id, only when the client asked
+    text: str  # sealed
+    token_ids: list[int] | str  # str: sealed
+    logprobs: list[TokenLogprob] | str | None = None  # one per token id, only when the client asked; str: sealed
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,7 +17,7 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     user_message_id: str
     assistant_message_id: str
     turn: int
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | str  # str: sealed
     max_tokens: int
     reserved_tokens: int
     turns_kept: int = 0
@@ -25,4 +25,4 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     route_reason: str = "default"
     temperature: float | None = None
     question: str = ""  # the user's message, for the last-resort tier's prepared replies
-    sampling: Sampling | None = None
+    sampling: Sampling | str | None = None

@@ -4,7 +4,10 @@ conversation moved to the top of its owner's list; after the first exchange a ti
 request to the small pool; finished titles and summaries stored.
 
 Every write is keyed (conversation + turn + message id, generation id) and uses the
-event's own timestamps, so a redelivered event rewrites the same values.
+event's own timestamps, so a redelivered event rewrites the same values. Text arrives
+sealed and is stored sealed (the repositories' sealer). For a no-retention plan only the
+generation row (ids and counts) is written, and the conversation's data key is destroyed
+as its reply ends. An event whose conversation's key is gone (deleted) is skipped.
 """
 from __future__ import annotations
 
@@ -17,7 +20,10 @@ import faust
 
 from infra.stores import keys
 from infra.stores.conversations import Conversations, Message
+from infra.stores.crypto import KeyGone
 from infra.stores.records import Records, Summary
+from infra.stores.sealing import Sealer
+from infra.stores.search import TITLE, SearchIndex
 from schemas import GenerationFinished, GenerationRequested
 from schemas.scheduler import BACKGROUND_PRIORITY
 from streams.app import topic
@@ -32,12 +38,32 @@ TITLE_INSTRUCTION = ("Write a title of at most six words for this conversation. 
 
 class Persistence:
     def __init__(self, conversations: Conversations, records: Records, redis: Any, topics: Topics,
-                 chat_ids: Callable[[list[dict[str, str]]], list[int]]) -> None:
+                 chat_ids: Callable[[list[dict[str, str]]], list[int]], sealer: Sealer | None = None,
+                 keep_nothing: frozenset[str] = frozenset(), search: SearchIndex | None = None) -> None:
         self.conversations, self.records, self.redis, self.topics = conversations, records, redis, topics
-        self.chat_ids = chat_ids
+        self.chat_ids, self.sealer, self.keep_nothing, self.search = chat_ids, sealer, keep_nothing, search
 
     async def handle(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
-        """Apply one finished generation; returns events to send as (topic, event, key)."""
+        """Apply one finished generation; returns events to send as (topic, event, key), sealed."""
+        if e.plan in self.keep_nothing:
+            return await self._keep_nothing(e)
+        try:
+            outs = await self._apply(await self.sealer.open(e) if self.sealer else e)
+            return [(t, await self.sealer.seal(o) if self.sealer else o, k) for t, o, k in outs]
+        except KeyGone:
+            log.info("generation %s not saved: conversation %s deleted", e.generation_id, e.conversation_id)
+            return []
+
+    async def _keep_nothing(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
+        if e.purpose == "reply":
+            await self._save_generation(e)
+            if self.sealer is not None:
+                await self.sealer.keys.destroy(e.conversation_id)
+            log.info("generation %s ended (%s, %d out tokens): nothing kept, data key destroyed", e.generation_id,
+                     e.status, e.usage.completion_tokens)
+        return []
+
+    async def _apply(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
         if e.purpose == "title":
             await self._title(e)
             return []
@@ -50,6 +76,9 @@ class Persistence:
 
     async def _reply(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
         finished_at = datetime.fromtimestamp(e.at, UTC)
+        conv = await self.conversations.get(e.conversation_id)
+        if conv is None:
+            return []  # deleted: nothing is written for it any more
         existing = await self.conversations.get_message(e.conversation_id, e.turn, e.message_id)
         await self.conversations.save_message(Message(
             e.conversation_id, e.turn, e.message_id, "assistant", e.text, status=e.status,
@@ -59,20 +88,31 @@ class Persistence:
             created_at=existing.created_at if existing else finished_at, finished_at=finished_at,
             block_category=e.block.category if e.block else None,
             rules_version=e.block.rules_version if e.block else None))
-        await self.records.save_generation(
-            generation_id=e.generation_id, conversation_id=e.conversation_id, user_id=e.user_id,
-            message_id=e.message_id, user_message_id=e.parent_id or "", turn=e.turn, status=e.status,
-            model_pool=e.pool, model=e.model, replica=e.worker_id, queued_at=e.started_at or None,
-            first_token_at=e.first_token_at or None, finished_at=e.at)
-        conv = await self.conversations.get(e.conversation_id)
-        if conv is None:
-            return []
+        await self._save_generation(e)
         await self.conversations.touch(conv, finished_at)
+        await self._index(e)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
                  e.usage.prompt_tokens, e.usage.completion_tokens)
         if conv.title is None and e.status == "complete" and e.text.strip():
             return await self._ask_for_title(e)
         return []
+
+    async def _index(self, e: GenerationFinished) -> None:
+        """The exchange becomes searchable once its reply is saved (the user message with it: off the hot path)."""
+        if self.search is None:
+            return
+        user = await self.conversations.get_message(e.conversation_id, e.turn, e.parent_id) if e.parent_id else None
+        if user is not None:
+            await self.search.index(e.user_id, e.conversation_id, user.message_id, e.turn, user.content)
+        if e.text.strip():
+            await self.search.index(e.user_id, e.conversation_id, e.message_id, e.turn, e.text)
+
+    async def _save_generation(self, e: GenerationFinished) -> None:
+        await self.records.save_generation(
+            generation_id=e.generation_id, conversation_id=e.conversation_id, user_id=e.user_id,
+            message_id=e.message_id, user_message_id=e.parent_id or "", turn=e.turn, status=e.status,
+            model_pool=e.pool, model=e.model, replica=e.worker_id, queued_at=e.started_at or None,
+            first_token_at=e.first_token_at or None, finished_at=e.at)
 
     async def _ask_for_title(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
         if not await self.redis.set(keys.title_requested(e.conversation_id), e.generation_id, nx=True, ex=86400):
@@ -90,9 +130,11 @@ class Persistence:
     async def _title(self, e: GenerationFinished) -> None:
         title = _clean_title(e.text)
         conv = await self.conversations.get(e.conversation_id)
-        if conv is None or not title or conv.title == title:
-            return
+        if conv is None or not title or conv.title is not None:
+            return  # deleted, empty, or already titled (by the user's rename, or an earlier title)
         await self.conversations.touch(conv, conv.updated_at, title=title)
+        if self.search is not None:
+            await self.search.index(conv.user_id, conv.conversation_id, TITLE, -1, title)
         log.info("conversation %s titled (%d chars)", e.conversation_id, len(title))
 
 

@@ -152,3 +152,29 @@ class FakeRecords:
 
 def conversation(conversation_id: str = "c", user_id: str = "u", title: str | None = None) -> Conversation:
     return Conversation(conversation_id, user_id, title, None, datetime(2026, 12, 1, tzinfo=UTC))
+
+
+class FakeDataKeys:
+    """Which conversations have a data key (the gateway makes one before sealing a message)."""
+
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+
+    async def ensure(self, conversation_id: str, tenant_id: str) -> None:
+        self.live.add(conversation_id)
+
+    async def destroy(self, conversation_id: str) -> None:
+        self.live.discard(conversation_id)
+
+
+@dataclass
+class FakeSealer:
+    """Seals nothing (these tests are about routing, not encryption: tests/unit/test_sealing.py is)."""
+
+    keys: FakeDataKeys = field(default_factory=FakeDataKeys)
+
+    async def seal(self, event: Any) -> Any:
+        return event
+
+    async def open(self, event: Any) -> Any:
+        return event

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from schemas import (
     CancelRequested,
+    ConversationDeleted,
+    ConversationPurged,
     Event,
     EventDeadLettered,
     GenerationFinished,
@@ -48,8 +50,10 @@ REAPER = "reaper"
 USAGE_ROLLUP = "usage-rollup"
 ABANDONED = "abandoned"
 BILLING = "billing"
+PURGE = "purge"
+RETENTION = "retention"
 STAGES = (GATEWAY, ADMISSION, PROMPT, SCHEDULER, GENERATION, SETTLEMENT, PERSISTENCE, REAPER, USAGE_ROLLUP,
-          ABANDONED, BILLING)
+          ABANDONED, BILLING, PURGE, RETENTION)
 
 
 @dataclass(frozen=True)
@@ -85,17 +89,24 @@ REPLIES = Topic("replies", "chat.replies", "conversation_id", (GenerationFinishe
                 (GENERATION, SCHEDULER), (SETTLEMENT, PERSISTENCE, SCHEDULER, REAPER))
 # Broadcast: every worker reads every partition without a group.
 CONTROL = Topic("control", "chat.control", "generation_id", (CancelRequested,), 1, 1 * HOUR_MS,
-                (GATEWAY, ABANDONED), (GENERATION,))
+                (GATEWAY, ABANDONED, RETENTION), (GENERATION,))
 USAGE = Topic("usage", "usage", "user_id", (UsageRecorded,), 6, 30 * DAY_MS,
               (SETTLEMENT, REAPER), (USAGE_ROLLUP, BILLING))
 # Every stage that decodes records wraps the ones it cannot decode here; nothing reads it but people.
 DEADLETTER = Topic("deadletter", "chat.deadletter", "source topic", (EventDeadLettered,), 1, 14 * DAY_MS,
-                   (ADMISSION, PROMPT, SCHEDULER, GENERATION, SETTLEMENT, PERSISTENCE, USAGE_ROLLUP), ())
+                   (ADMISSION, PROMPT, SCHEDULER, GENERATION, SETTLEMENT, PERSISTENCE, USAGE_ROLLUP, PURGE), ())
+# Deletions: the purge stage removes what a deleted conversation left behind; the audit keeps a year of what
+# was removed (ids and counts, never text).
+DELETIONS = Topic("deletions", "chat.deletions", "conversation_id", (ConversationDeleted,), 3, 7 * DAY_MS,
+                  (GATEWAY, RETENTION), (PURGE,))
+PURGES = Topic("purges", "audit.purges", "conversation_id", (ConversationPurged,), 1, 365 * DAY_MS,
+               (PURGE,), ())
 # One topic per (pool, lane): the scheduler's queues; titles and summaries go straight to the small pool's free lane.
 GENERATE = Topic("generate", "generate.{pool}.{lane}", "conversation_id", (GenerationRequested,), 4, 7 * DAY_MS,
                  (SCHEDULER, PROMPT, PERSISTENCE), (GENERATION,))
 
-FIXED: tuple[Topic, ...] = (REQUESTS, ADMITTED, PROMPTS, TOKENS, REPLIES, CONTROL, USAGE, DEADLETTER)
+FIXED: tuple[Topic, ...] = (REQUESTS, ADMITTED, PROMPTS, TOKENS, REPLIES, CONTROL, USAGE, DEADLETTER, DELETIONS,
+                            PURGES)
 ALL: tuple[Topic, ...] = (*FIXED, GENERATE)
 
 
@@ -129,6 +140,8 @@ class Topics:
     control: str
     usage: str
     deadletter: str
+    deletions: str
+    purges: str
 
     def __init__(self, prefix: str = "", pools: Iterable[str] = ()) -> None:
         self.prefix, self.pools = prefix, tuple(pools)

@@ -43,6 +43,8 @@ def decide(req: GenerationRequested, limits: Limits, cancelled: bool, saved: Sav
         return Finish("failed", f"request for pool {req.pool!r} reached a worker of pool {limits.pool!r}")
     if not req.prompt_token_ids:
         return Finish("failed", "empty prompt")
+    if isinstance(req.prompt_token_ids, str):
+        return Finish("failed", "the prompt reached the engine still sealed")
     if req.max_tokens < 1:
         return Finish("failed", f"max_tokens must be at least 1, got {req.max_tokens}")
     prompt = list(req.prompt_token_ids) + saved.token_ids

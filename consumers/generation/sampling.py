@@ -43,6 +43,8 @@ def for_request(req: GenerationRequested, saved_tokens: int = 0, max_tokens: int
     default_top_p = DEFAULT_TOP_P if req.temperature > 0 else 1.0
     if s is None:
         return Sampling(temperature=req.temperature, top_p=default_top_p)
+    if isinstance(s, str):  # the worker opens a sealed request before it samples
+        raise TypeError(f"generation {req.generation_id}: sampling parameters still sealed")
     return Sampling(
         temperature=req.temperature, top_p=default_top_p if s.top_p is None else s.top_p,
         top_k=s.top_k or 0, min_p=s.min_p or 0.0, seed=s.seed, stop=tuple(s.stop or ()),

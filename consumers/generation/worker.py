@@ -7,7 +7,10 @@ the sequence before the engine's next step. The output safety check runs here, b
 engine loop (``consumers/safety/output.py``): a flagged chunk aborts the sequence the same way,
 then ``GenerationRetracted`` and a ``blocked`` finish go out. Offsets are committed only past requests
 that have finished. A redelivered request that another worker had started is
-continued from the tokens it saved.
+continued from the tokens it saved. Prompts arrive sealed and tokens leave sealed with
+the conversation's data key (a request that came unsealed, from a tool that wrote it
+by hand, is answered unsealed); a request whose conversation was deleted (key gone)
+ends at once as ``stopped`` with no text.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import socket
 import time
 from typing import Any
 
+import msgspec
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -32,6 +36,8 @@ from consumers.safety.metrics import SafetyMetrics
 from consumers.safety.output import OutputCheck, OutputGuard
 from infra.config.settings import Settings
 from infra.stores import keys
+from infra.stores.crypto import KeyGone
+from infra.stores.sealing import Sealer, is_sealed
 from schemas import (
     CancelRequested,
     GenerationRequested,
@@ -68,8 +74,10 @@ class _Rebalance(ConsumerRebalanceListener):
 class GenerationWorker:
     def __init__(self, settings: Settings, limits: Limits, engine: Any, capacity: int,
                  worker_id: str | None = None, metrics_port: int | None = None,
-                 on_ready: Any = None, classifier: Any = None, metrics_host: str = "127.0.0.1") -> None:
-        self.on_ready = on_ready
+                 on_ready: Any = None, classifier: Any = None, metrics_host: str = "127.0.0.1",
+                 sealer: Sealer | None = None) -> None:
+        self.on_ready, self.sealer = on_ready, sealer
+        self.sealing: set[str] = set()  # generations whose request came sealed: their tokens leave sealed
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
         self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"
         self.topics = Topics(settings.topic_prefix)
@@ -193,7 +201,14 @@ class GenerationWorker:
         try:
             req = await decode_or_deadletter(record, self.producer, self.topics, self.group, (GenerationRequested,))
             if req is not None:
-                await self._generate(req)  # type: ignore[arg-type]
+                if self.sealer is not None and is_sealed(req.prompt_token_ids):  # type: ignore[attr-defined]
+                    self.sealing.add(req.generation_id)  # type: ignore[attr-defined]
+                try:
+                    await self._generate(await self._open(req))  # type: ignore[arg-type]
+                except KeyGone:
+                    await self._deleted(req)  # type: ignore[arg-type]
+                finally:
+                    self.sealing.discard(req.generation_id)  # type: ignore[attr-defined]
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - one bad request must not take the worker down
@@ -222,8 +237,23 @@ class GenerationWorker:
         started_ms = await self.redis.get(keys.generation_started(req.generation_id))
         if started_ms is None:
             return Saved()
-        return await read_saved(self.settings.kafka_bootstrap, self.topics.tokens, req.generation_id,
-                                int(started_ms) - 5_000)
+        saved = await read_saved(self.settings.kafka_bootstrap, self.topics.tokens, req.generation_id,
+                                 int(started_ms) - 5_000)
+        saved.chunks = {seq: await self._open(chunk) for seq, chunk in saved.chunks.items()}
+        return saved
+
+    async def _open(self, event: Any) -> Any:
+        return await self.sealer.open(event) if self.sealer else event
+
+    async def _seal(self, event: Any) -> Any:
+        return await self.sealer.seal(event) if self.sealer and event.generation_id in self.sealing else event
+
+    async def _deleted(self, req: GenerationRequested) -> None:
+        """The conversation was deleted: end the reply now, with nothing in it (nothing left to seal it with)."""
+        await self.engine.abort(req.generation_id)
+        log.info("generation %s stopped: its conversation was deleted", req.generation_id)
+        await self._finish(finished_event(req, self.limits, self.worker_id, "stopped", "", Usage(), -1,
+                                          "conversation deleted"))
 
     async def _stream(self, req: GenerationRequested, gen: Generate, saved: Saved, picked_at: float) -> None:
         seq, text, pending = gen.first_seq, [saved.text], []
@@ -277,6 +307,9 @@ class GenerationWorker:
             status, reason = status_for(finish_reason, req.generation_id in self.cancelled), ""
         except asyncio.CancelledError:
             raise
+        except KeyGone:  # deleted while generating, before its cancel arrived: nothing more may be sealed
+            await self.engine.abort(req.generation_id)
+            status, reason, text = "stopped", "conversation deleted", []
         except Exception as exc:  # noqa: BLE001 - engine errors end this reply, not the worker
             log.exception("generation %s failed in the engine", req.generation_id)
             status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
@@ -296,7 +329,9 @@ class GenerationWorker:
                                           seq - 1, reason, picked_at, first_token_at, block))
 
     async def _append(self, step: TokensAppended) -> asyncio.Future[Any]:
-        return await self.producer.send(self.topics.tokens, encode(step), key=step.generation_id.encode())
+        """Checked (when held back) in clear here; sealed on the way out."""
+        return await self.producer.send(self.topics.tokens, encode(await self._seal(step)),
+                                        key=step.generation_id.encode())
 
     async def _checked(self, req: GenerationRequested, guard: OutputGuard) -> Verdict | None:
         """Classify the chunk just completed; a flagged one aborts the sequence before the next step."""
@@ -330,6 +365,10 @@ class GenerationWorker:
                                           saved.next_seq - 1, decision.reason))
 
     async def _finish(self, event: Any) -> None:
+        try:
+            event = await self._seal(event)
+        except KeyGone:
+            event = msgspec.structs.replace(event, text="")  # deleted meanwhile: the finish carries no text
         # chat.tokens first: a recovering worker treats a finish there as final.
         await send(self.producer, self.topics.tokens, event, key=event.generation_id)
         await send(self.producer, self.topics.replies, event, key=event.conversation_id)

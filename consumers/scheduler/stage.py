@@ -21,6 +21,7 @@ from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
 from consumers.stage import Out, Stage
 from infra.config.plans import Plan
 from infra.config.settings import Settings
+from infra.stores.sealing import Sealer
 from schemas import (
     GenerationFinished,
     GenerationQueued,
@@ -137,13 +138,14 @@ class Scheduler:
 class SchedulerStage(Stage):
     """The scheduler's stage plus its follower of ``chat.replies`` (completions feed the service rate)."""
 
-    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any],
+                 sealer: Sealer | None = None) -> None:
         topics = Topics(settings.topic_prefix)
         queues = Queues({name: PoolLoad(capacity=cfg.max_num_seqs, prior_rate=max(cfg.max_num_seqs / 20, 0.1))
                          for name, cfg in pools.items()})
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
                                    CannedReplies.load(settings.canned_file))
-        super().__init__(ROLE, settings, (PromptBuilt,), self.scheduler.handle)
+        super().__init__(ROLE, settings, (PromptBuilt,), self.scheduler.handle, sealer=sealer)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
         return [self._follow_replies()]

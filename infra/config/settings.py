@@ -97,6 +97,7 @@ class Settings:
     reader_timeout_s: float = 30.0  # a reply nobody reads for this long is cancelled
     admission_wait_s: float = 10.0  # how long a POST waits for admission before streaming anyway
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
+    session_ttl_s: int = 7 * 24 * 3600  # the page's sign-in lasts this long, then the cookie is refused
     # admission
     route_small_max_chars: int | None = None  # None: the short-message classifier is off
     min_visible_chars: int = 1
@@ -122,6 +123,10 @@ class Settings:
     cassandra_dc: str = "datacenter1"  # the local data centre (LOCAL_* consistency, keyspace replication)
     cassandra_replication: int = 1  # replicas per data centre of a keyspace the migrations create
     cassandra_consistency: str = "LOCAL_QUORUM"  # with one replica locally this is a single read or write
+    # deletion and erasure
+    key_cache_s: float = 10.0  # how long a process keeps a conversation's unwrapped data key
+    purge_delay_s: float = 15.0  # the purge waits this long after a delete (longer than key_cache_s)
+    retention_sweep_s: float = 3600.0  # how often conversations past their plan's retention_days are deleted
     token: str = ""  # the terminal chat client's bearer token
 
     @classmethod
@@ -211,6 +216,7 @@ VARS: tuple[Var, ...] = (
     Var("READER_TIMEOUT_S", "reader_timeout_s", float),
     Var("ADMISSION_WAIT_S", "admission_wait_s", float),
     Var("LOCAL_MODE", "local_mode", _bool),
+    Var("SESSION_TTL_S", "session_ttl_s", int),
     Var("ROUTE_SMALL_MAX_CHARS", "route_small_max_chars", _optional_int),
     Var("MIN_VISIBLE_CHARS", "min_visible_chars", int),
     Var("HISTORY_ALLOWANCE", "history_allowance", int),
@@ -231,4 +237,7 @@ VARS: tuple[Var, ...] = (
     Var("CASSANDRA_REPLICATION", "cassandra_replication", int),
     Var("CASSANDRA_CONSISTENCY", "cassandra_consistency", _consistency),
     Var("TOKEN", "token", str),
+    Var("KEY_CACHE_S", "key_cache_s", float),
+    Var("PURGE_DELAY_S", "purge_delay_s", float),
+    Var("RETENTION_SWEEP_S", "retention_sweep_s", float),
 )

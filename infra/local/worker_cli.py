@@ -32,13 +32,17 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
     from consumers.generation.engine import VllmEngine
     from consumers.safety.classifier import EmbeddedClassifier
     from infra.config.safety import RulesFile
+    from infra.stores.sealing import configured
+    from infra.stores.session import AsyncSession, connect
 
     classifier = EmbeddedClassifier(RulesFile(settings.safety_file))  # before the engine: a bad rules file fails fast
+    cluster, session = connect(settings)  # the data keys: prompts arrive sealed, tokens leave sealed
     engine = VllmEngine(pool)  # type: ignore[arg-type]
     limits = Limits(pool.name, pool.served_model_name, pool.max_model_len)  # type: ignore[attr-defined]
     worker = GenerationWorker(settings, limits, engine, args.capacity or pool.max_num_seqs,  # type: ignore[attr-defined]
                               metrics_port=pool.metrics_port if args.metrics_port is None  # type: ignore[attr-defined]
                               else args.metrics_port, metrics_host=args.metrics_host, classifier=classifier,
+                              sealer=configured(settings, AsyncSession(session)),
                               on_ready=lambda w: print(f"worker ready pool={pool.name} "  # type: ignore[attr-defined]
                                                        f"metrics_port={w.metrics_port}", flush=True))
     loop = asyncio.get_running_loop()
@@ -48,3 +52,4 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
         await worker.run()
     finally:
         await engine.close()
+        cluster.shutdown()

@@ -25,6 +25,11 @@ def client_message(conversation_id: str, client_message_id: str) -> str:
     return f"{PREFIX}cmid:{conversation_id}:{client_message_id}"
 
 
+def conversation_generations(conversation_id: str) -> str:
+    """Set of a conversation's generation ids (added when the gateway claims one): what a delete cancels."""
+    return f"{PREFIX}conv:{conversation_id}:gens"
+
+
 def generation_owner(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:owner"
 
@@ -79,3 +84,8 @@ def title_requested(conversation_id: str) -> str:
 
 def abandoned_cancelled(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:abandoned"
+
+
+def page_session(session_hash: str) -> str:
+    """The page's signed-in session -> user id, with the session's expiry as TTL; keyed by the id's SHA-256."""
+    return f"{PREFIX}session:{session_hash}"

@@ -1,14 +1,18 @@
-"""Conversations and their history: create, list newest first, read every message and sibling."""
+"""Conversations and their history: create, list newest first, read every message and sibling,
+rename, delete one, delete all of an account's."""
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from infra.stores.accounts import User
-from infra.stores.conversations import SOURCES, Message
+from infra.stores.conversations import SOURCES, Conversation, Message
+from infra.stores.search import TITLE
+from producers.gateway import deletion
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found
 
@@ -26,9 +30,63 @@ async def create_conversation(request: Request, body: NewConversation | None = N
     gw = gateway_of(request)
     if body and body.model and body.model not in gw.models:
         raise ApiError(422, "unknown_model", f"Unknown model {body.model!r}. Choose one of: {', '.join(gw.models)}.")
+    keep = not gw.keeps_nothing(user)  # a no-retention plan's conversations are neither listed nor titled
     conv = await gw.conversations.create(user.user_id, model=body.model if body else None,
-                                         title=body.title if body else None)
+                                         title=body.title if body and keep else None, listed=keep)
+    if conv.title:
+        await gw.search.index(user.user_id, conv.conversation_id, TITLE, -1, conv.title)
     return {"conversation_id": conv.conversation_id}
+
+
+class Rename(BaseModel):
+    title: str = Field(description="the new title: 1 to 200 characters, one line")
+
+
+@router.patch("/conversations/{conversation_id}")
+async def rename_conversation(request: Request, conversation_id: str, body: Rename,
+                              user: User = Depends(current_user)) -> dict[str, Any]:
+    gw = gateway_of(request)
+    title = " ".join(body.title.split())
+    if not title:
+        raise ApiError(422, "empty_title", "The title is empty. Type a name for the conversation.")
+    if len(title) > 200:
+        raise ApiError(422, "title_too_long", f"The title is {len(title)} characters; the limit is 200.")
+    if any(unicodedata.category(ch) == "Cc" for ch in title):
+        raise ApiError(422, "bad_title", "The title has control characters; use plain text.")
+    conv = await _owned(gw, conversation_id, user)
+    if gw.keeps_nothing(user):
+        raise ApiError(422, "no_retention", "Your plan keeps no conversations, so they have no titles.")
+    await gw.conversations.rename(conv, title)
+    return {"conversation_id": conversation_id, "title": title}
+
+
+@router.delete("/conversations/{conversation_id}", status_code=204)
+async def delete_conversation(request: Request, conversation_id: str,
+                              user: User = Depends(current_user)) -> Response:
+    """Hidden at once everywhere, replies still generating are stopped, and its text can no longer be read
+    anywhere (its data key is destroyed); the rest is purged in the background. Deleting again is a no-op."""
+    gw = gateway_of(request)
+    conv = await gw.conversations.get(conversation_id)
+    if conv is not None and conv.user_id == user.user_id:
+        await deletion.delete(gw, conv)
+    elif conv is not None or not await _was_owners(gw, conversation_id, user):
+        raise not_found("conversation")
+    return Response(status_code=204)
+
+
+@router.delete("/account/conversations", status_code=200)
+async def delete_all(request: Request, user: User = Depends(current_user)) -> dict[str, int]:
+    """Every conversation of the caller, as if deleted one by one."""
+    gw = gateway_of(request)
+    count, cursor = 0, None
+    while True:
+        items, cursor = await gw.conversations.list_for_user(user.user_id, cursor, 100, source=None)
+        for conv in items:
+            await deletion.delete(gw, conv, reason="account")
+            count += 1
+        if cursor is None:
+            break
+    return {"deleted": count}
 
 
 @router.get("/conversations")
@@ -52,15 +110,27 @@ async def list_conversations(request: Request, cursor: str | None = None, limit:
 async def list_messages(request: Request, conversation_id: str, cursor: str | None = None,
                         limit: int = Query(100, ge=1, le=500), user: User = Depends(current_user)) -> dict[str, Any]:
     gw = gateway_of(request)
-    conv = await gw.conversations.get(conversation_id)
-    if conv is None or conv.user_id != user.user_id:
-        raise not_found("conversation")
+    conv = await _owned(gw, conversation_id, user)
     try:
         items, next_cursor = await gw.conversations.messages(conversation_id, cursor, limit)
     except (ValueError, TypeError) as exc:
         raise ApiError(422, "bad_cursor", "That cursor is not one this API gave out.") from exc
-    return {"conversation_id": conversation_id, "title": conv.title,
+    return {"conversation_id": conversation_id, "title": conv.title, "model": conv.model,
             "items": [message_json(m) for m in items], "next_cursor": next_cursor}
+
+
+async def _owned(gw: Any, conversation_id: str, user: User) -> Conversation:
+    conv = await gw.conversations.get(conversation_id)
+    if conv is None or conv.user_id != user.user_id:
+        raise not_found("conversation")
+    return conv
+
+
+async def _was_owners(gw: Any, conversation_id: str, user: User) -> bool:
+    """A repeated delete is a success for the owner (idempotent), and a 404 for anyone else."""
+    rows = await gw.conversations.db.execute(
+        "SELECT user_id FROM conversations WHERE conversation_id = ?", (conversation_id,))
+    return bool(rows) and rows[0].user_id == user.user_id
 
 
 def message_json(m: Message) -> dict[str, Any]:

@@ -79,7 +79,9 @@ async def submit_choices(gw: Gateway, user: User, chat: compat.ChatRequest) -> l
     jobs: list[Job] = []
     try:
         for index in range(chat.n):
-            conv = await gw.conversations.create(user.user_id, model=chat.pool, title=chat.title, source="api")
+            keep = not gw.keeps_nothing(user)  # no-retention: not listed, no title
+            conv = await gw.conversations.create(user.user_id, model=chat.pool, title=chat.title if keep else None,
+                                                 source="api", listed=keep)
             message_id = new_id()  # before the generation id: the user message sorts before its reply
             generation_id = new_id()
             accepted = await submission.submit(gw, user, MessageSubmitted(
@@ -106,7 +108,7 @@ async def _completion(request: Request, jobs: list[Job]) -> dict[str, Any]:
             if event is None:
                 if await request.is_disconnected():
                     break
-            elif isinstance(event, TokensAppended) and event.logprobs is not None:
+            elif isinstance(event, TokensAppended) and isinstance(event.logprobs, list):  # opened by the relay
                 logprobs.setdefault(job.index, []).extend(event.logprobs)
             elif isinstance(event, RequestRefused):
                 job.finished = True
@@ -144,7 +146,8 @@ async def _chunks(jobs: list[Job], include_usage: bool) -> AsyncGenerator[bytes,
             elif isinstance(event, TokensAppended) and event.text:
                 sent[job.index] += event.text
                 yield compat.chunk(gid, job.model, {"content": event.text}, include_usage=include_usage,
-                                   index=job.index, logprobs=event.logprobs)
+                                   index=job.index,
+                                   logprobs=event.logprobs if isinstance(event.logprobs, list) else None)
             elif isinstance(event, RequestRefused):
                 job.finished = True
                 yield compat.sse_data(compat.error_json(submission.Refused(event))[1])

@@ -46,7 +46,7 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
     queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
     try:
         await gw.claim(generation_id, user.user_id, request.conversation_id)
-        await send(gw.producer, gw.topics.requests, request, key=user.user_id)
+        await send(gw.producer, gw.topics.requests, await gw.sealer.seal(request), key=user.user_id)
         first = await decision(gw, queue)
     except BaseException:
         gw.relay.unsubscribe(generation_id, queue)

@@ -114,6 +114,7 @@ def launch(base: Settings, log_dir: Path, reader_timeout_s: float = 3.0, plans_f
                PARLEY_READER_TIMEOUT_S=str(reader_timeout_s), PARLEY_POOL_LARGE_MAX_SEQS="8",
                PARLEY_POOL_SMALL_MAX_SEQS="4", PARLEY_POOL_LARGE_KV_CACHE_GIB="0.5",
                PARLEY_POOL_SMALL_KV_CACHE_GIB="0.5", PARLEY_STAGES_METRICS_PORT=str(metrics["stages"]),
+               PARLEY_KEY_CACHE_S="2", PARLEY_PURGE_DELAY_S="3",
                PARLEY_LOG_FORMAT="json", PYTHONUNBUFFERED="1")
     env.update(env_overrides)
     log_dir = log_dir / prefix.rstrip(".")  # one folder per launch: parallel runs never read each other's logs
