@@ -82,6 +82,15 @@ class SearchIndex:
         await asyncio.gather(*(self.db.batch(cql, [(user_id, b, w, conversation_id, message_id, turn) for w in ws])
                                for b, ws in by_bucket.items()))
 
+    async def forget(self, user_id: str, conversation_id: str, texts: list[str]) -> int:
+        """Remove a conversation's rows for the words of ``texts`` (its messages and title, read before its key
+        is destroyed); how many words. A range delete per word: (term, conversation_id) prefixes the key."""
+        terms = sorted({w for text in texts for w in words(text)})
+        await asyncio.gather(*(self.db.execute(
+            "DELETE FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ? AND conversation_id = ?",
+            (user_id, w[:2], w, conversation_id)) for w in terms))
+        return len(terms)
+
     async def search(self, user_id: str, query: str, limit: int = 20) -> list[Hit]:
         """Messages and titles holding every word of ``query`` (each as a word prefix), newest first."""
         wanted = words(query, MAX_QUERY_WORDS)
