@@ -66,6 +66,7 @@ class Settings:
     reader_timeout_s: float = 30.0  # a reply nobody reads for this long is cancelled
     admission_wait_s: float = 10.0  # how long a POST waits for admission before streaming anyway
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
+    cursor_secret: str = ""  # signs page cursors; empty: a random key kept in the state folder
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -92,6 +93,7 @@ class Settings:
             reader_timeout_s=float(_env("READER_TIMEOUT_S", str(cls.reader_timeout_s))),
             admission_wait_s=float(_env("ADMISSION_WAIT_S", str(cls.admission_wait_s))),
             local_mode=_env_bool("LOCAL_MODE", is_loopback(cls.host)),
+            cursor_secret=_env("CURSOR_SECRET", cls.cursor_secret),
         )
 
     def with_(self, **changes: object) -> Settings:

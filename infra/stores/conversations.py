@@ -5,7 +5,6 @@ Writes are keyed so a retry overwrites the same row: a message by
 """
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 
@@ -63,14 +62,6 @@ def _ms(ts: datetime) -> int:
     return int(ts.timestamp() * 1000)  # Cassandra keeps milliseconds
 
 
-def _cursor(state: bytes | None) -> str | None:
-    return base64.urlsafe_b64encode(state).decode() if state else None
-
-
-def _state(cursor: str | None) -> bytes | None:
-    return base64.urlsafe_b64decode(cursor.encode()) if cursor else None
-
-
 class Conversations:
     def __init__(self, db: AsyncSession) -> None:
         self.db = db
@@ -95,19 +86,21 @@ class Conversations:
         r = rows[0]
         return Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at)
 
-    async def list_for_user(self, user_id: str, cursor: str | None = None,
-                            limit: int = 20) -> tuple[list[Conversation], str | None]:
-        """Newest first. Stale rows left by concurrent bumps are skipped, not shown twice."""
+    async def list_for_user(self, user_id: str, paging_state: bytes | None = None,
+                            limit: int = 20) -> tuple[list[Conversation], bytes | None]:
+        """Newest first. Stale rows left by concurrent bumps are skipped, not shown twice.
+
+        ``paging_state`` must come from an earlier call (the gateway signs it before a client holds it)."""
         page = await self.db.page(
             "SELECT user_id, updated_at, conversation_id, title, model FROM conversations_by_user "
-            "WHERE user_id = ?", (user_id,), fetch_size=limit, paging_state=_state(cursor))
+            "WHERE user_id = ?", (user_id,), fetch_size=limit, paging_state=paging_state)
         seen: set[str] = set()
         items = []
         for r in page.rows:
             if r.conversation_id not in seen:
                 seen.add(r.conversation_id)
                 items.append(Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at))
-        return items, _cursor(page.paging_state)
+        return items, page.paging_state
 
     async def touch(self, conv: Conversation, at: datetime, title: str | None = None,
                     model: str | None = None) -> Conversation:
@@ -137,14 +130,13 @@ class Conversations:
         await self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND turn = ? AND message_id = ?",
                               (conversation_id, turn, message_id))
 
-    async def messages(self, conversation_id: str, cursor: str | None = None,
-                       limit: int = 100) -> tuple[list[Message], str | None]:
+    async def messages(self, conversation_id: str, paging_state: bytes | None = None,
+                       limit: int = 100) -> tuple[list[Message], bytes | None]:
         """Oldest first, every sibling included."""
         page = await self.db.page(
             f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM messages WHERE conversation_id = ?",
-            (conversation_id,), fetch_size=limit, paging_state=_state(cursor))
-        return [Message(**{c: getattr(r, c) for c in MESSAGE_COLUMNS}) for r in page.rows], \
-            _cursor(page.paging_state)
+            (conversation_id,), fetch_size=limit, paging_state=paging_state)
+        return [Message(**{c: getattr(r, c) for c in MESSAGE_COLUMNS}) for r in page.rows], page.paging_state
 
     async def all_messages(self, conversation_id: str) -> list[Message]:
         rows = await self.db.execute(

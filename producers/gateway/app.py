@@ -12,10 +12,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infra.config.settings import Settings
 from producers.gateway import openai_compat
-from producers.gateway.errors import ApiError, unavailable
+from producers.gateway.errors import ApiError, from_framework, unavailable
 from producers.gateway.state import Gateway
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,23 @@ def _error_handlers(app: FastAPI) -> None:
             problems.append("the body is not valid JSON" if err.get("type") == "json_invalid"
                             else f"{where}: {err.get('msg')}")
         return _render(request, ApiError(422, "invalid_request", "; ".join(problems)))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def framework(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        response = _render(request, from_framework(exc.status_code, exc.detail))
+        response.headers.update(exc.headers or {})  # 405's Allow
+        return response
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def not_unicode(request: Request, exc: UnicodeEncodeError) -> JSONResponse:
+        # A lone surrogate that slipped past the models' checks: bad input, not a server fault.
+        return _render(request, ApiError(422, "invalid_text", "The text is not valid Unicode (a lone surrogate)."))
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path)
+        return _render(request, ApiError(500, "internal_error", "Something went wrong on our side; "
+                                                               "nothing was charged. Try again."))
 
     async def backend(request: Request, name: str, exc: Exception) -> JSONResponse:
         log.warning("backend %s unreachable: %s", name, type(exc).__name__)

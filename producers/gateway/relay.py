@@ -14,7 +14,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from schemas import EventDecodeError, decode
+from schemas import EventDecodeError, GenerationFinished, RequestRefused, decode
 from topics.clients import make_consumer, topic_partitions
 from topics.partitioning import partition_for
 
@@ -86,6 +86,40 @@ class TokenRelay:
 
     def partition_of(self, generation_id: str) -> TopicPartition:
         return TopicPartition(self.topic, partition_for(generation_id, self.partitions))
+
+    async def check_offset(self, generation_id: str, offset: int) -> int | None:
+        """``offset`` as a resume point: None when it is another generation's event (no stream of this
+        one sent it); the partition's last offset when it lies past the end (nothing to replay; the
+        stream then ends with the final state, or follows a live generation from here)."""
+        tp = self.partition_of(generation_id)
+        reader = make_consumer(self.bootstrap, group_id=None, fetch_max_wait_ms=5,
+                               max_partition_fetch_bytes=REPLAY_FETCH_BYTES)
+        await reader.start()
+        try:
+            reader.assign([tp])
+            start_of_log = (await reader.beginning_offsets([tp]))[tp]
+            end = (await reader.end_offsets([tp]))[tp]
+            if offset >= end:
+                return end - 1
+            if offset < start_of_log:
+                return offset  # aged out: the saved reply is served
+            reader.seek(tp, offset)
+            for _ in range(20):  # a transaction marker's offset yields a later record first
+                records = (await reader.getmany(tp, timeout_ms=500)).get(tp, [])
+                if records:
+                    first = records[0]
+                    foreign = first.offset == offset and (first.key or b"").decode() != generation_id
+                    return None if foreign else offset
+            return offset
+        finally:
+            await reader.stop()
+
+    async def final_event(self, generation_id: str, since_ms: int) -> tuple[int, Any] | None:
+        """The generation's last event (finished or refused) if the buffer holds it, else None."""
+        async for offset, event in self.replay(generation_id, None, since_ms):
+            if isinstance(event, (GenerationFinished, RequestRefused)):
+                return offset, event
+        return None
 
     async def replay(self, generation_id: str, after: int | None, since_ms: int) -> AsyncIterator[tuple[int, Any]]:
         """Events of one generation after offset ``after`` (or since ``since_ms``) up to the partition's end now."""

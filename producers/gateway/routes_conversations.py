@@ -10,14 +10,15 @@ from pydantic import BaseModel, Field
 from infra.stores.accounts import User
 from infra.stores.conversations import Message
 from producers.gateway.auth import current_user, gateway_of
-from producers.gateway.errors import ApiError, not_found
+from producers.gateway.errors import ApiError, not_found, responses
+from producers.gateway.text import Text
 
-router = APIRouter(prefix="/v1", tags=["conversations"])
+router = APIRouter(prefix="/v1", tags=["conversations"], responses=responses(401, 422, 503))
 
 
 class NewConversation(BaseModel):
-    title: str | None = Field(default=None, max_length=200)
-    model: str | None = None
+    title: Text | None = Field(default=None, max_length=200)
+    model: Text | None = None
 
 
 @router.post("/conversations", status_code=201)
@@ -31,28 +32,27 @@ async def create_conversation(request: Request, body: NewConversation | None = N
     return {"conversation_id": conv.conversation_id}
 
 
-@router.get("/conversations")
+@router.get("/conversations", responses=responses(400))
 async def list_conversations(request: Request, cursor: str | None = None, limit: int = Query(20, ge=1, le=100),
                              user: User = Depends(current_user)) -> dict[str, Any]:
-    try:
-        items, next_cursor = await gateway_of(request).conversations.list_for_user(user.user_id, cursor, limit)
-    except (ValueError, TypeError) as exc:
-        raise ApiError(422, "bad_cursor", "That cursor is not one this API gave out.") from exc
+    gw, scope = gateway_of(request), f"conversations:{user.user_id}"
+    items, state = await gw.conversations.list_for_user(user.user_id, gw.cursors.open(scope, cursor), limit)
+    next_cursor = gw.cursors.sign(scope, state)
     return {"items": [{"conversation_id": c.conversation_id, "title": c.title, "model": c.model,
                        "updated_at": _iso(c.updated_at)} for c in items], "next_cursor": next_cursor}
 
 
-@router.get("/conversations/{conversation_id}/messages")
+@router.get("/conversations/{conversation_id}/messages", responses=responses(400, 404))
 async def list_messages(request: Request, conversation_id: str, cursor: str | None = None,
                         limit: int = Query(100, ge=1, le=500), user: User = Depends(current_user)) -> dict[str, Any]:
     gw = gateway_of(request)
+    scope = f"messages:{conversation_id}"
+    paging_state = gw.cursors.open(scope, cursor)  # before any store sees it, ownership checked or not
     conv = await gw.conversations.get(conversation_id)
     if conv is None or conv.user_id != user.user_id:
         raise not_found("conversation")
-    try:
-        items, next_cursor = await gw.conversations.messages(conversation_id, cursor, limit)
-    except (ValueError, TypeError) as exc:
-        raise ApiError(422, "bad_cursor", "That cursor is not one this API gave out.") from exc
+    items, state = await gw.conversations.messages(conversation_id, paging_state, limit)
+    next_cursor = gw.cursors.sign(scope, state)
     return {"conversation_id": conversation_id, "title": conv.title,
             "items": [message_json(m) for m in items], "next_cursor": next_cursor}
 

@@ -19,6 +19,7 @@ from infra.stores.accounts import Accounts, User
 from infra.stores.conversations import Conversations
 from infra.stores.records import Records
 from infra.stores.session import AsyncSession, connect
+from producers.gateway.cursors import Cursors, cursor_key
 from producers.gateway.relay import TokenRelay
 from topics import Topics
 from topics.clients import make_producer
@@ -39,11 +40,13 @@ class Gateway:
     accounts: Accounts = field(init=False)
     conversations: Conversations = field(init=False)
     records: Records = field(init=False)
+    cursors: Cursors = field(init=False)
     quota: Any = None
     _cluster: Any = None
     _auth_cache: dict[str, tuple[float, User]] = field(default_factory=dict)
 
     async def start(self) -> None:
+        self.cursors = Cursors(cursor_key(self.settings))
         self.topics = Topics(self.settings.topic_prefix)
         self.producer = make_producer(self.settings.kafka_bootstrap)
         await self.producer.start()

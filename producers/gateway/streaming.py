@@ -45,7 +45,14 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                 for f in await saved():
                     yield f
                 return
-            if replayed == 0 and after is None:
+            if replayed == 0:
+                # Nothing after ``after``: at (or past) the end. A finished generation ends the stream now
+                # with its final state (re-sent under its own id), or the saved reply; a live one goes on.
+                final = await relay.final_event(generation_id, since_ms) if after is not None else None
+                if final is not None:
+                    for f in to_sse(*final):
+                        yield f
+                    return
                 snapshot = await saved()
                 if snapshot:  # the buffer no longer has it, but the reply is saved: serve that
                     for f in snapshot:

@@ -29,7 +29,7 @@ async def test_conversations_list_newest_first_with_cursor(db) -> None:  # type:
     top = await convs.touch(made[0], datetime.now(UTC) + timedelta(seconds=5), title="First")
     page1, cursor = await convs.list_for_user(user, limit=3)
     assert [c.conversation_id for c in page1][0] == top.conversation_id and page1[0].title == "First"
-    page2, _ = await convs.list_for_user(user, cursor=cursor, limit=3)
+    page2, _ = await convs.list_for_user(user, paging_state=cursor, limit=3)
     listed = [c.conversation_id for c in page1 + page2]
     assert sorted(listed) == sorted(c.conversation_id for c in made) and len(set(listed)) == 5
     assert [c.updated_at for c in page1 + page2] == sorted((c.updated_at for c in page1 + page2), reverse=True)
