@@ -17,9 +17,10 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from infra.config.settings import Settings
+from infra.stores.retry import until_stored
 from schemas import Event
 from topics import Topics
-from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer
+from topics.clients import deadletter, decode_or_deadletter, enqueue, make_consumer, make_producer
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,15 @@ class Stage:
         self.per_key = per_key
         self.topics = Topics(settings.topic_prefix)
         self.group = f"{settings.topic_prefix}{name}"
-        self.producer = make_producer(settings.kafka_bootstrap)
-        self.consumer = make_consumer(settings.kafka_bootstrap, getattr(self.topics, topic_attr),
-                                      group_id=self.group, **consumer_options)
+        self._topic_attr, self._consumer_options = topic_attr, consumer_options
         self._stopping = asyncio.Event()
+        self.reset()
+
+    def reset(self) -> None:
+        """Fresh Kafka clients (a stopped aiokafka client cannot start again), for a restart after a failure."""
+        self.producer = make_producer(self.settings.kafka_bootstrap)
+        self.consumer = make_consumer(self.settings.kafka_bootstrap, getattr(self.topics, self._topic_attr),
+                                      group_id=self.group, **self._consumer_options)
 
     async def run(self) -> None:
         await self.producer.start()
@@ -85,8 +91,15 @@ class Stage:
             event = await decode_or_deadletter(record, self.producer, self.topics, self.group, self.types)
             if event is not None:
                 began = time.time()
+                try:  # a store outage is waited out right here: this record and its offset keep their place
+                    outs = await until_stored(self.name, self.handler, event)
+                except Exception as exc:  # noqa: BLE001 - a poison record: dead-lettered with its error, not fatal
+                    log.exception("stage %s offset %d: handler failed; dead-lettering the record", self.name,
+                                  record.offset)
+                    await deadletter(record, self.producer, self.topics, self.group, f"{type(exc).__name__}: {exc}")
+                    continue
                 # Outputs go out together and in order; the next record is handled while they are in flight.
-                for out in await self.handler(event):
+                for out in outs:
                     acks.append(await enqueue(self.producer, out.topic, out.event, out.key, out.partition))
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("stage %s offset %d: fetched %.1f ms after produce, handled in %.1f ms", self.name,
@@ -94,16 +107,36 @@ class Stage:
         return acks
 
 
-async def run_stages(*stages: Any) -> None:
-    """Run stages together until one fails; the others are then stopped too."""
-    tasks = [asyncio.create_task(s.run(), name=getattr(s, "name", type(s).__name__)) for s in stages]
+async def run_stages(*stages: Any, restart_s: float = 1.0, max_restart_s: float = 30.0) -> None:
+    """Run stages together until stopped. A stage that fails is restarted after a backoff, alone: one
+    stage's failure never stops the others (store outages are waited out inside each stage)."""
+    tasks = [asyncio.create_task(_keep_running(s, restart_s, max_restart_s), name=getattr(s, "name", "stage"))
+             for s in stages]
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            task.result()
+        await asyncio.gather(*tasks)
     finally:
         for s in stages:
             s.stop()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _keep_running(stage: Any, first_s: float, max_s: float) -> None:
+    """``stage.run()`` until it returns (stopped); restarted with backoff when it raises."""
+    delay, name = first_s, getattr(stage, "name", type(stage).__name__)
+    while True:
+        began = time.monotonic()
+        try:
+            await stage.run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - logged whole; the stage restarts, the others run on
+            log.exception("stage %s failed; restarting it in %.1f s (the other stages carry on)", name, delay)
+        if time.monotonic() - began > 60:
+            delay = first_s  # it ran a good while: this is a fresh failure, not a crash loop
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, max_s)
+        if hasattr(stage, "reset"):
+            stage.reset()

@@ -96,7 +96,7 @@ def _clean_title(text: str) -> str:
 
 
 def build_app(app: faust.App, persistence: Persistence, topics: Topics) -> None:
-    from streams.app import topic
+    from streams.app import applied, topic
 
     replies = topic(app, topics, "replies")
 
@@ -105,5 +105,6 @@ def build_app(app: faust.App, persistence: Persistence, topics: Topics) -> None:
         async for event in stream:
             if not isinstance(event, GenerationFinished):
                 continue
-            for topic_name, out, key in await persistence.handle(event):
+            # Saved (or dead-lettered) before the loop asks for the next record, which is when faust acks this one.
+            for topic_name, out, key in await applied("persistence", stream, topics, persistence.handle, event) or []:
                 await app.topic(topic_name).send(key=key.encode(), value=out)

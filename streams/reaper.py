@@ -20,10 +20,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from aiokafka.errors import KafkaError
+
 from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation, Settled
+from infra.stores.retry import HEALTH, MAX_DELAY_S, STORE_DOWN, dependency_of
 from schemas import GenerationFinished, UsageRecorded
 from streams.settlement import publish_usage
 from topics import Topics
@@ -48,10 +51,23 @@ class Reaper:
         await self.producer.start()
         log.info("reaper sweeping every %.1f s", self.interval_s)
         try:
+            wait_s = self.interval_s
             while not self._stopping.is_set():
-                await self.sweep()
                 try:
-                    await asyncio.wait_for(self._stopping.wait(), self.interval_s)
+                    await self.sweep()
+                    wait_s = self.interval_s
+                except (*STORE_DOWN, KafkaError) as exc:
+                    # Nothing is lost by skipping a pass (the expiry set and the usage log keep everything);
+                    # the reaper stays up, says so, and sweeps again sooner, then at its usual pace.
+                    wait_s = min(wait_s, MAX_DELAY_S)
+                    dependency = "Kafka" if isinstance(exc, KafkaError) else dependency_of(exc)
+                    HEALTH.down(self.name, dependency)
+                    log.warning("reaper sweep failed: %s unreachable (%s); next sweep in %.0f s", dependency,
+                                type(exc).__name__, wait_s)
+                else:
+                    HEALTH.up(self.name)
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), wait_s)
                 except TimeoutError:
                     pass
         finally:

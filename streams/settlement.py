@@ -27,7 +27,7 @@ from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Settled
 from schemas import GenerationFinished, UsageRecorded
-from streams.app import FaustStage, make_app, topic
+from streams.app import FaustStage, applied, make_app, topic
 from topics import Topics
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class Settlement:
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 log.warning("settlement waiting for Redis (%s); retry in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, 5.0)
 
 
 def faust_sender(usage: faust.TopicT) -> Send:
@@ -106,7 +106,7 @@ def build_app(settings: Settings, redis: Any, plans: Mapping[str, Plan], *, quot
     async def settle(stream: faust.StreamT) -> None:
         async for finished in stream:
             if isinstance(finished, GenerationFinished):
-                await settlement.handle(finished)
+                await applied("settlement", stream, topics, settlement.handle, finished)
 
     return app
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
+from pathlib import Path
 
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
+from infra.stores.retry import HEALTH
 
 STAGES = ("admission", "prompt", "scheduler", "persistence", "settlement", "reaper", "usage-rollup", "abandoned")
 
@@ -25,11 +28,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def health_path(settings: Settings) -> Path:
+    return settings.state_dir / "run" / "stages.health.json"
+
+
+def write_health(settings: Settings, waiting: dict[str, tuple[str, float]]) -> None:
+    """Which stage waits for which store, since when (empty: all healthy); read by `parley status`."""
+    path = health_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {stage: {"waiting_for": dep, "since": since} for stage, (dep, since) in waiting.items()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body))
+    tmp.replace(path)
+
+
 async def _main(settings: Settings, names: tuple[str, ...]) -> None:
     from consumers.stage import run_stages
     from infra.local.wiring import build_stages
 
     stages, close = await build_stages(settings, names)
+    HEALTH.listeners.append(lambda waiting: write_health(settings, waiting))
+    write_health(settings, {})
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: [s.stop() for s in stages])
