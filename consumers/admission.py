@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.deadlines import past_deadline
 from consumers.stage import Out, Stage
 from infra.config.plans import Plan
 from infra.config.settings import Settings
@@ -99,7 +101,7 @@ def decide(event: MessageSubmitted, outcome: Reservation | Refusal, rules: Admis
         plan=event.plan, message_id=event.message_id, client_message_id=event.client_message_id,
         content=event.content, pool=pool, parent_id=event.parent_id, regenerate=event.regenerate,
         reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
-        temperature=event.temperature, history=event.history)
+        temperature=event.temperature, history=event.history, deadline=event.deadline)
     return [Out(topics.admitted, admitted, event.conversation_id)]
 
 
@@ -115,6 +117,10 @@ class Admission:
         self.quota, self.plans, self.rules, self.topics = quota, plans, rules, topics
 
     async def handle(self, event: MessageSubmitted) -> list[Out]:
+        if past_deadline(event.deadline):
+            log.info("generation %s dropped: past its deadline by %.1f s (its client was answered 503); "
+                     "nothing reserved, nothing charged", event.generation_id, time.time() - event.deadline)
+            return []
         refused = precheck(event, self.rules)
         if refused is not None:
             log.info("generation %s refused: %s (%d)", event.generation_id, refused.reason, refused.status)

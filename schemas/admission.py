@@ -25,6 +25,7 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     route_reason: str = "default"  # why this pool: default, requested, classifier
     temperature: float | None = None
     history: list[ChatTurn] | None = None
+    deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
 
 
 RefusalReason = Literal[

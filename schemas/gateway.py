@@ -34,6 +34,7 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     temperature: float | None = None
     history: list[ChatTurn] | None = None  # set: the prompt is this history, not the stored conversation
     gateway_id: str = ""
+    deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
 
 
 class CancelRequested(Event, frozen=True, kw_only=True):

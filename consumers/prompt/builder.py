@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from consumers.deadlines import past_deadline
 from consumers.prompt.fit import Turn, fit, fit_history
 from consumers.stage import Out
 from infra.stores.conversations import Conversations, Message
@@ -36,6 +37,13 @@ class PromptBuilder:
         self.quota = quota
 
     async def handle(self, req: RequestAdmitted) -> list[Out]:
+        if past_deadline(req.deadline):
+            # Nothing written yet; the reservation is released at once, charging nothing.
+            if self.quota is not None:
+                await self.quota.settle(req.generation_id, 0, 0, status="failed")
+            log.info("generation %s dropped before its prompt: past its deadline by %.1f s; reservation "
+                     "released, 0 tokens charged", req.generation_id, time.time() - req.deadline)
+            return []
         began = time.perf_counter()
         # Independent reads together: the stage's latency is its round trips to Cassandra.
         history, summary = await asyncio.gather(
@@ -77,7 +85,8 @@ class PromptBuilder:
             assistant_message_id=req.generation_id, turn=turn, prompt_token_ids=ids,
             max_tokens=min(req.reply_cap, context - len(ids) - 1), reserved_tokens=req.reserved_tokens,
             turns_kept=fitted.turns_kept, summary_used=fitted.summary_used, route_reason=req.route_reason,
-            temperature=req.temperature, question=user_message.content[:500]), req.conversation_id)]
+            temperature=req.temperature, question=user_message.content[:500], deadline=req.deadline),
+            req.conversation_id)]
         if req.history is None and fitted.dropped_upto_turn is not None and (
                 summary is None or summary.upto_turn < fitted.dropped_upto_turn):
             outs.append(self._summary_request(req, turns, fitted.dropped_upto_turn,

@@ -64,7 +64,8 @@ class Settings:
     prompt_budget_tokens: int = 6000
     max_message_chars: int = 32_000
     reader_timeout_s: float = 30.0  # a reply nobody reads for this long is cancelled
-    admission_wait_s: float = 10.0  # how long a POST waits for admission before streaming anyway
+    admission_wait_s: float = 10.0  # the pipeline must queue or refuse a request this soon, or it is a 503
+    kafka_send_timeout_s: float = 3.0  # a send Kafka has not acknowledged by then is a 503
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
     cursor_secret: str = ""  # signs page cursors; empty: a random key kept in the state folder
 
@@ -92,6 +93,7 @@ class Settings:
             max_message_chars=_env_int("MAX_MESSAGE_CHARS", cls.max_message_chars),
             reader_timeout_s=float(_env("READER_TIMEOUT_S", str(cls.reader_timeout_s))),
             admission_wait_s=float(_env("ADMISSION_WAIT_S", str(cls.admission_wait_s))),
+            kafka_send_timeout_s=float(_env("KAFKA_SEND_TIMEOUT_S", str(cls.kafka_send_timeout_s))),
             local_mode=_env_bool("LOCAL_MODE", is_loopback(cls.host)),
             cursor_secret=_env("CURSOR_SECRET", cls.cursor_secret),
         )

@@ -1,4 +1,5 @@
-"""One real gateway (uvicorn, real Kafka, Cassandra, Redis) in a thread of the test process, on a free port.
+"""One real gateway, built as `parley gateway` builds it (uvicorn; real Kafka, Cassandra, Redis), in a
+thread of the test process, on a free port.
 
 No stages run behind it: tests that need a decision or token events produce them to the gateway's
 topics themselves, as the stages would.
@@ -15,9 +16,7 @@ import httpx
 import uvicorn
 
 from infra.config.settings import Settings
-from producers.gateway.app import create_app
-
-MODELS = {"large": "SmolLM2-135M-Instruct", "small": "SmolLM2-135M-Instruct"}
+from producers.gateway.cli import build
 
 
 def free_port() -> int:
@@ -29,7 +28,7 @@ def free_port() -> int:
 @contextmanager
 def serve(settings: Settings) -> Iterator[str]:
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, MODELS), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(build(settings), host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()

@@ -135,8 +135,9 @@ async def test_the_openapi_schema_lists_each_routes_error_statuses(env: Env) -> 
     assert {"400", "401", "404", "429", "503"} <= set(paths["/v1/chat/completions"]["post"]["responses"])
 
 
-async def _refuser(settings: Settings, producer: AIOKafkaProducer, topics: Topics) -> asyncio.Task[str]:
-    """Play admission once: the next MessageSubmitted is refused. Returns once it is listening."""
+async def _decider(settings: Settings, producer: AIOKafkaProducer, topics: Topics,
+                   refuse: bool = True) -> asyncio.Task[str]:
+    """Play the stages once: the next MessageSubmitted is refused (or queued). Returns once it is listening."""
     consumer = make_consumer(settings.kafka_bootstrap, group_id=None)
     await consumer.start()
     tps = [TopicPartition(topics.requests, p) for p in await topic_partitions(consumer, topics.requests)]
@@ -145,22 +146,24 @@ async def _refuser(settings: Settings, producer: AIOKafkaProducer, topics: Topic
     for tp in tps:
         await consumer.position(tp)
 
-    async def refuse() -> str:
+    async def decide() -> str:
         try:
             while True:
                 for records in (await consumer.getmany(timeout_ms=500)).values():
                     for record in records:
                         req = decode(record.value)
-                        assert isinstance(req, MessageSubmitted)
-                        await send(producer, topics.tokens, RequestRefused(
-                            generation_id=req.generation_id, conversation_id=req.conversation_id,
-                            user_id=req.user_id, reason="daily_budget", message="No tokens left today.",
-                            retry_after_s=60), key=req.generation_id)
+                        assert isinstance(req, MessageSubmitted) and req.deadline > req.at
+                        ids = {"generation_id": req.generation_id, "conversation_id": req.conversation_id,
+                               "user_id": req.user_id}
+                        decision = RequestRefused(**ids, reason="daily_budget", message="No tokens left today.",
+                                                  retry_after_s=60) if refuse else GenerationQueued(
+                            **ids, pool="large", model="m", lane="free", position=0, estimated_wait_s=0)
+                        await send(producer, topics.tokens, decision, key=req.generation_id)
                         return req.generation_id
         finally:
             await consumer.stop()
 
-    return asyncio.create_task(refuse())
+    return asyncio.create_task(decide())
 
 
 async def test_a_refused_send_releases_its_client_message_id_and_other_content_is_409(
@@ -170,18 +173,32 @@ async def test_a_refused_send_releases_its_client_message_id_and_other_content_i
         conv = await new_conversation(http, env)
         url, body = f"/v1/conversations/{conv}/messages", {"content": "hello", "client_message_id": "c-1"}
         for _ in range(2):  # the second try is refused afresh, not attached to the first generation
-            refuser = await _refuser(env.settings, producer, topics)
+            refuser = await _decider(env.settings, producer, topics)
             r = await asyncio.wait_for(http.post(url, json=body, headers=env.headers), 20)
             assert r.status_code == 429 and error_of(r)["code"] == "daily_budget" and r.headers["retry-after"]
             await asyncio.wait_for(refuser, 30)
             assert await redis_client.get(keys.client_message(conv, "c-1")) is None
-        # With no decision in time the send streams; its id is then taken, and other content is refused.
+        # Queued: the id is taken, and other content is refused.
+        queuer = await _decider(env.settings, producer, topics, refuse=False)
         async with http.stream("POST", url, json={"content": "first", "client_message_id": "c-2"},
                                headers=env.headers) as first:
-            assert first.status_code == 200
+            assert first.status_code == 200, (await first.aread()).decode()
+        await asyncio.wait_for(queuer, 30)
         r = await asyncio.wait_for(http.post(url, json={"content": "second", "client_message_id": "c-2"},
                                              headers=env.headers), 20)
         assert r.status_code == 409 and error_of(r)["code"] == "client_message_id_reused"
+
+
+async def test_no_decision_in_time_is_a_503_and_the_id_is_released(env: Env, redis_client) -> None:  # type: ignore[no-untyped-def]
+    async with httpx.AsyncClient(base_url=env.url, timeout=30) as http:  # no stage answers behind this gateway
+        conv = await new_conversation(http, env)
+        began = asyncio.get_running_loop().time()
+        r = await http.post(f"/v1/conversations/{conv}/messages", json={"content": "hi", "client_message_id": "c"},
+                            headers=env.headers)
+        waited = asyncio.get_running_loop().time() - began
+    assert r.status_code == 503 and error_of(r)["code"] == "not_started" and r.headers["retry-after"] == "5"
+    assert env.settings.admission_wait_s <= waited < env.settings.admission_wait_s + 5
+    assert await redis_client.get(keys.client_message(conv, "c")) is None
 
 
 async def _generation(env: Env, producer: AIOKafkaProducer, redis_client) -> tuple[str, list[int]]:  # type: ignore[no-untyped-def]
