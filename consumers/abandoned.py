@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from infra.config.settings import Settings
@@ -21,54 +22,62 @@ from schemas import (
     RequestRefused,
     decode,
 )
-from topics import Topics
+from schemas.base import Event
+from topics import Role, Topics
+from topics.catalogue import ABANDONED, CONTROL, TOKENS
 from topics.clients import make_consumer, make_producer, send
+from topics.runner import Runner
 
 log = logging.getLogger(__name__)
+ROLE = Role(ABANDONED, reads=(TOKENS,), writes=(CONTROL,))
 
 
-class AbandonedDetector:
-    name = "abandoned"
+Running = dict[str, tuple[str, str, float]]  # generation -> (conversation, user, when it was last seen starting)
+
+
+def observe(running: Running, event: Event, now: float) -> None:
+    """Follow one token-buffer event: a reply starts being watched when queued or started, and stops when it
+    finishes or is refused. Titles and summaries (ids with a ``:``) have no reader by design."""
+    if isinstance(event, (GenerationQueued, GenerationStarted)):
+        if ":" not in event.generation_id:
+            running[event.generation_id] = (event.conversation_id, event.user_id, now)
+    elif isinstance(event, (GenerationFinished, RequestRefused)):
+        running.pop(event.generation_id, None)
+
+
+def overdue(running: Running, now: float, timeout_s: float) -> list[str]:
+    """The watched replies seen for longer than ``timeout_s``: the ones whose reader heartbeat to check."""
+    return [gid for gid, (_, _, seen) in running.items() if now - seen >= timeout_s]
+
+
+class AbandonedDetector(Runner):
+    name = ROLE.stage
 
     def __init__(self, settings: Settings, redis: Any, check_every_s: float = 1.0) -> None:
+        super().__init__()
         self.settings, self.redis, self.check_every_s = settings, redis, check_every_s
         self.topics = Topics(settings.topic_prefix)
-        self.running: dict[str, tuple[str, str, float]] = {}  # generation -> (conversation, user, last seen)
+        self.running: Running = {}
         self.consumer = make_consumer(settings.kafka_bootstrap, self.topics.tokens,
-                                      group_id=f"{settings.topic_prefix}abandoned", auto_offset_reset="latest",
+                                      group_id=self.topics.group(ABANDONED), auto_offset_reset="latest",
                                       enable_auto_commit=True)
         self.producer = make_producer(settings.kafka_bootstrap)
-        self._stopping = asyncio.Event()
 
-    async def run(self) -> None:
-        await self.producer.start()
-        await self.consumer.start()
-        checker = asyncio.create_task(self._check_loop())
-        try:
-            while not self._stopping.is_set():
-                batch = await self.consumer.getmany(timeout_ms=200, max_records=2000)
-                for records in batch.values():
-                    for record in records:
-                        self._observe(record.value)
-        finally:
-            checker.cancel()
-            await self.consumer.stop()
-            await self.producer.stop()
+    def clients(self) -> list[Any]:
+        return [self.producer, self.consumer]
 
-    def stop(self) -> None:
-        self._stopping.set()
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._check_loop()]
 
-    def _observe(self, value: bytes) -> None:
-        try:
-            event = decode(value)
-        except EventDecodeError:
-            return
-        if isinstance(event, (GenerationQueued, GenerationStarted)):
-            gid = event.generation_id
-            if ":" not in gid:  # titles and summaries have no reader by design
-                self.running[gid] = (event.conversation_id, event.user_id, time.time())
-        elif isinstance(event, (GenerationFinished, RequestRefused)):
-            self.running.pop(event.generation_id, None)
+    async def step(self) -> None:
+        batch = await self.consumer.getmany(timeout_ms=200, max_records=2000)
+        now = time.time()
+        for records in batch.values():
+            for record in records:
+                try:
+                    observe(self.running, decode(record.value), now)
+                except EventDecodeError:
+                    continue  # the token buffer's producers dead-letter; a follower only skips
 
     async def _check_loop(self) -> None:
         while True:
@@ -76,10 +85,12 @@ class AbandonedDetector:
             await self.check(time.time())
 
     async def check(self, now: float) -> list[str]:
+        """Cancel each overdue reply nobody reads (once, across restarts: a Redis marker); the cancelled ids."""
         cancelled = []
-        for gid, (conversation_id, user_id, seen) in list(self.running.items()):
-            if now - seen < self.settings.reader_timeout_s or await self.redis.exists(keys.reader_heartbeat(gid)):
-                continue
+        for gid in overdue(self.running, now, self.settings.reader_timeout_s):
+            if await self.redis.exists(keys.reader_heartbeat(gid)):
+                continue  # a gateway is still reading it
+            conversation_id, user_id, _ = self.running.pop(gid)
             if await self.redis.set(keys.abandoned_cancelled(gid), "1", nx=True, ex=3600):
                 await send(self.producer, self.topics.control, CancelRequested(
                     generation_id=gid, conversation_id=conversation_id, user_id=user_id, reason="abandoned"),
@@ -87,5 +98,4 @@ class AbandonedDetector:
                 log.info("generation %s abandoned: no reader for %.0f s, cancelled", gid,
                          self.settings.reader_timeout_s)
                 cancelled.append(gid)
-            self.running.pop(gid, None)
         return cancelled

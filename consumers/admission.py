@@ -11,10 +11,9 @@ already settled is not admitted again (it would generate twice).
 from __future__ import annotations
 
 import logging
-import os
 import time
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,14 +24,16 @@ from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Refusal, Reservation
 from schemas import MessageSubmitted, RequestAdmitted, RequestRefused
-from topics import Topics
-from topics.catalogue import POOLS
+from topics import Role, Topics
+from topics.catalogue import ADMISSION, ADMITTED, DEADLETTER, REQUESTS, TOKENS
 
 log = logging.getLogger(__name__)
+ROLE = Role(ADMISSION, reads=(REQUESTS,), writes=(ADMITTED, TOKENS, DEADLETTER))
 
 
 @dataclass(frozen=True)
 class AdmissionRules:
+    pools: tuple[str, ...] = ("large", "small")  # the configured pools (infra/config/pools.toml)
     default_pool: str = "large"
     small_pool: str = "small"
     route_small_max_chars: int | None = None  # None: the classifier is off
@@ -42,13 +43,11 @@ class AdmissionRules:
     history_allowance: int = 1_000  # tokens for earlier turns; the prompt budget caps the real number
 
     @classmethod
-    def from_settings(cls, settings: Settings, environ: Mapping[str, str] | None = None) -> AdmissionRules:
-        environ = os.environ if environ is None else environ
-        small = environ.get("PARLEY_ROUTE_SMALL_MAX_CHARS", "")
-        return cls(default_pool=settings.default_pool, max_message_chars=settings.max_message_chars,
-                   route_small_max_chars=int(small) if small else None,
-                   min_visible_chars=int(environ.get("PARLEY_MIN_VISIBLE_CHARS", cls.min_visible_chars)),
-                   history_allowance=int(environ.get("PARLEY_HISTORY_ALLOWANCE", cls.history_allowance)))
+    def from_settings(cls, settings: Settings, pools: Iterable[str]) -> AdmissionRules:
+        return cls(pools=tuple(pools), default_pool=settings.default_pool,
+                   max_message_chars=settings.max_message_chars,
+                   route_small_max_chars=settings.route_small_max_chars,
+                   min_visible_chars=settings.min_visible_chars, history_allowance=settings.history_allowance)
 
 
 def visible_chars(text: str) -> int:
@@ -63,9 +62,9 @@ def precheck(event: MessageSubmitted, rules: AdmissionRules) -> RequestRefused |
                                                 f"is {rules.max_message_chars:,}. Shorten it and send again.")
     if visible_chars(event.content) < rules.min_visible_chars:
         return _refused(event, "invalid", 422, "Your message has no visible text — type something and send again.")
-    if event.pool is not None and event.pool not in POOLS:
+    if event.pool is not None and event.pool not in rules.pools:
         return _refused(event, "invalid", 422, f"Unknown model pool {event.pool!r}; choose one of "
-                                               f"{', '.join(POOLS)}.")
+                                               f"{', '.join(rules.pools)}.")
     return None
 
 
@@ -141,11 +140,10 @@ class Admission:
         return outs
 
 
-def build_stage(settings: Settings, redis: Any, plans: Mapping[str, Plan], *, quota: Quota | None = None,
+def build_stage(settings: Settings, quota: Quota, plans: Mapping[str, Plan], pools: Iterable[str], *,
                 rules: AdmissionRules | None = None) -> Stage:
-    """The admission consumer group, ready for ``Stage.run`` / ``run_stages``."""
-    quota = quota or Quota.configured(redis, plans, scope=settings.topic_prefix)
-    admission = Admission(quota, plans, rules or AdmissionRules.from_settings(settings),
+    """The admission consumer group, ready for ``run_stages``."""
+    admission = Admission(quota, plans, rules or AdmissionRules.from_settings(settings, pools),
                           Topics(settings.topic_prefix))
     # Keyed by user: one user's requests stay in order (their reservations), other users' go concurrently.
-    return Stage("admission", settings, "requests", (MessageSubmitted,), admission.handle, per_key=True)
+    return Stage(ROLE, settings, (MessageSubmitted,), admission.handle, per_key=True)

@@ -19,8 +19,9 @@ from aiokafka import TopicPartition
 from infra.config.settings import Settings
 from infra.stores.retry import until_stored
 from schemas import Event
-from topics import Topics
+from topics import Role, Topics
 from topics.clients import deadletter, decode_or_deadletter, enqueue, make_consumer, make_producer
+from topics.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -36,40 +37,33 @@ class Out:
 Handler = Callable[[Any], Awaitable[list[Out]]]
 
 
-class Stage:
-    def __init__(self, name: str, settings: Settings, topic_attr: str, types: tuple[type[Event], ...],
-                 handler: Handler, *, per_key: bool = False, **consumer_options: Any) -> None:
-        """``per_key``: records of one partition with different keys are handled concurrently (in order per
-        key), for a handler whose order only matters per key and whose time is mostly waiting on I/O."""
-        self.name, self.settings, self.types, self.handler = name, settings, types, handler
+class Stage(Runner):
+    def __init__(self, role: Role, settings: Settings, types: tuple[type[Event], ...], handler: Handler, *,
+                 per_key: bool = False, **consumer_options: Any) -> None:
+        """Consumes the first topic ``role`` reads, in the stage's own group. ``per_key``: records of one
+        partition with different keys are handled concurrently (in order per key), for a handler whose order
+        only matters per key and whose time is mostly waiting on I/O."""
+        super().__init__()
+        self.name, self.settings, self.types, self.handler = role.stage, settings, types, handler
         self.per_key = per_key
         self.topics = Topics(settings.topic_prefix)
-        self.group = f"{settings.topic_prefix}{name}"
-        self._topic_attr, self._consumer_options = topic_attr, consumer_options
-        self._stopping = asyncio.Event()
+        self.group = self.topics.group(role.stage)
+        self._source, self._consumer_options = getattr(self.topics, role.reads[0].attr), consumer_options
         self.reset()
 
     def reset(self) -> None:
         """Fresh Kafka clients (a stopped aiokafka client cannot start again), for a restart after a failure."""
         self.producer = make_producer(self.settings.kafka_bootstrap)
-        self.consumer = make_consumer(self.settings.kafka_bootstrap, getattr(self.topics, self._topic_attr),
-                                      group_id=self.group, **self._consumer_options)
+        self.consumer = make_consumer(self.settings.kafka_bootstrap, self._source, group_id=self.group,
+                                      **self._consumer_options)
 
-    async def run(self) -> None:
-        await self.producer.start()
-        await self.consumer.start()
-        log.info("stage %s consuming %s", self.name, self.consumer.subscription())
-        try:
-            while not self._stopping.is_set():
-                batch = await self.consumer.getmany(timeout_ms=100, max_records=200)
-                if batch:
-                    await asyncio.gather(*(self._partition(tp, records) for tp, records in batch.items()))
-        finally:
-            await self.consumer.stop()
-            await self.producer.stop()
+    def clients(self) -> list[Any]:
+        return [self.producer, self.consumer]
 
-    def stop(self) -> None:
-        self._stopping.set()
+    async def step(self) -> None:
+        batch = await self.consumer.getmany(timeout_ms=100, max_records=200)
+        if batch:
+            await asyncio.gather(*(self._partition(tp, records) for tp, records in batch.items()))
 
     async def _partition(self, tp: TopicPartition, records: list[Any]) -> None:
         if self.per_key and len(records) > 1:
@@ -105,38 +99,3 @@ class Stage:
                     log.debug("stage %s offset %d: fetched %.1f ms after produce, handled in %.1f ms", self.name,
                               record.offset, (began - record.timestamp / 1000) * 1000, (time.time() - began) * 1000)
         return acks
-
-
-async def run_stages(*stages: Any, restart_s: float = 1.0, max_restart_s: float = 30.0) -> None:
-    """Run stages together until stopped. A stage that fails is restarted after a backoff, alone: one
-    stage's failure never stops the others (store outages are waited out inside each stage)."""
-    tasks = [asyncio.create_task(_keep_running(s, restart_s, max_restart_s), name=getattr(s, "name", "stage"))
-             for s in stages]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for s in stages:
-            s.stop()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _keep_running(stage: Any, first_s: float, max_s: float) -> None:
-    """``stage.run()`` until it returns (stopped); restarted with backoff when it raises."""
-    delay, name = first_s, getattr(stage, "name", type(stage).__name__)
-    while True:
-        began = time.monotonic()
-        try:
-            await stage.run()
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - logged whole; the stage restarts, the others run on
-            log.exception("stage %s failed; restarting it in %.1f s (the other stages carry on)", name, delay)
-        if time.monotonic() - began > 60:
-            delay = first_s  # it ran a good while: this is a fresh failure, not a crash loop
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, max_s)
-        if hasattr(stage, "reset"):
-            stage.reset()

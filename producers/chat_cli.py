@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 
 import httpx
 import orjson
 
-from infra.config.settings import Settings
+from infra.config.settings import Settings, env_var
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--url", default=None, help="gateway URL (default: http://127.0.0.1:<gateway port>)")
-    parser.add_argument("--token", default=os.environ.get("PARLEY_TOKEN"), help="bearer token (default: demo user)")
+    parser.add_argument("--token", default=None, help=f"bearer token (default: {env_var('TOKEN')}, else the demo user)")
     parser.add_argument("--model", default=None, help="model pool")
     parser.add_argument("--conversation", default=None, help="continue this conversation")
     parser.add_argument("message", nargs="*", help="send this one message and exit")
@@ -24,9 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    token = args.token or _demo_token(settings)
+    token = args.token or settings.token or _demo_token(settings)
     if not token:
-        print("No token: pass --token, set PARLEY_TOKEN, or run `parley up` to make a demo user.", file=sys.stderr)
+        print(f"No token: pass --token, set {env_var('TOKEN')}, or run `parley up` to make a demo user.",
+              file=sys.stderr)
         return 2
     url = args.url or f"http://127.0.0.1:{settings.ports.gateway}"
     return asyncio.run(_chat(url, token, args))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas.base import Event
-from schemas.gateway import ChatTurn, Plan
+from schemas.gateway import ChatTurn, PlanName
 
 
 class RequestAdmitted(Event, frozen=True, kw_only=True):
@@ -13,7 +13,7 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     message_id: str
     client_message_id: str
     content: str

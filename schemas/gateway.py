@@ -7,7 +7,7 @@ import msgspec
 
 from schemas.base import Event
 
-Plan = Literal["free", "paid"]
+PlanName = Literal["free", "paid"]  # the account plans (their limits: infra/config/plans.py `Plan`)
 
 
 class ChatTurn(msgspec.Struct, frozen=True):
@@ -23,7 +23,7 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     message_id: str  # the user message; for a regenerate, the existing one
     client_message_id: str
     content: str

@@ -6,7 +6,7 @@ from typing import Literal
 import msgspec
 
 from schemas.base import Event
-from schemas.gateway import Plan
+from schemas.gateway import PlanName
 from schemas.scheduler import Purpose
 
 Status = Literal["complete", "stopped", "length", "failed"]
@@ -51,7 +51,7 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     message_id: str
     turn: int = 0
     parent_id: str | None = None

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from schemas.base import Event
-from schemas.gateway import Plan
+from schemas.gateway import PlanName
 
 
 class PromptBuilt(Event, frozen=True, kw_only=True):
@@ -11,7 +11,7 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     pool: str
     user_message_id: str
     assistant_message_id: str

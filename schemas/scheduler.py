@@ -4,9 +4,14 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas.base import Event
-from schemas.gateway import Plan
+from schemas.gateway import PlanName
 
 Lane = Literal["paid", "free"]
+# The one table of lanes: in the order they are served, each with the engine priority its requests run at
+# (vLLM runs lower values first). Topics, plans, the scheduler's queues and the worker all read it.
+LANE_PRIORITY: dict[Lane, int] = {"paid": 0, "free": 10}
+LANES: tuple[Lane, ...] = tuple(LANE_PRIORITY)
+BACKGROUND_PRIORITY = 20  # the service's own calls (titles, summaries): behind every user's reply
 Purpose = Literal["reply", "title", "summary"]
 
 
@@ -30,7 +35,7 @@ class GenerationRequested(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     pool: str
     lane: Lane
     prompt_token_ids: list[int]

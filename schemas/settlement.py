@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from schemas.base import Event
-from schemas.gateway import Plan
+from schemas.gateway import PlanName
 from schemas.generation import Status
 
 
@@ -10,7 +10,7 @@ class UsageRecorded(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    plan: Plan
+    plan: PlanName
     model: str
     pool: str
     status: Status

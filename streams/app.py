@@ -5,7 +5,6 @@ so stages scale and fail independently even when one process hosts them all.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -16,18 +15,21 @@ from infra.config.settings import Settings
 from infra.stores.retry import until_stored
 from schemas import encode
 from streams.codec import CODEC_NAME, register
-from topics import Topics
+from topics import Topic, Topics
 from topics.clients import deadletter_event, log_deadlettered
+from topics.runner import Runner
 
 log = logging.getLogger(__name__)
 
 
 def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
+    """The faust app of ``stage`` (a catalogue stage name); its id is the stage's consumer group."""
     register()
+    app_id = Topics(settings.topic_prefix).group(stage)
     options: dict[str, Any] = dict(
         broker=f"kafka://{settings.kafka_bootstrap}",
         store="memory://",
-        datadir=str(settings.state_dir / "faust" / f"{settings.topic_prefix}{stage}"),  # never in the repo
+        datadir=faust_datadir(settings, app_id),
         value_serializer=CODEC_NAME,
         key_serializer="raw",
         topic_replication_factor=1,
@@ -38,13 +40,20 @@ def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
         consumer_auto_offset_reset="earliest",
     )
     options.update(overrides)
-    return faust.App(f"{settings.topic_prefix}{stage}", **options)
+    return faust.App(app_id, **options)
 
 
-def topic(app: faust.App, topics: Topics, name: str) -> faust.TopicT:
-    """A faust topic for a catalogue name (attribute of ``Topics``), decoded with the event codec; a record
-    that does not decode goes whole to the dead-letter topic and the agent moves on."""
-    return DeadLetteringTopic(app, topics=[getattr(topics, name)], value_serializer=CODEC_NAME,
+def faust_datadir(settings: Settings, app_id: str) -> str:
+    """Faust writes a data folder even with in-memory tables; keep it in the state dir, never the repository."""
+    parent = settings.state_dir / "faust"
+    parent.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
+    return str(parent / app_id)
+
+
+def topic(app: faust.App, topics: Topics, declared: Topic) -> faust.TopicT:
+    """A faust topic for a catalogue topic, decoded with the event codec; a record that does not decode goes
+    whole to the dead-letter topic and the agent moves on."""
+    return DeadLetteringTopic(app, topics=[getattr(topics, declared.attr)], value_serializer=CODEC_NAME,
                               key_serializer="raw", internal=False, deadletter_topic=topics.deadletter)
 
 
@@ -93,21 +102,12 @@ async def applied(stage: str, stream: Any, topics: Topics, call: Callable[..., A
         return None
 
 
-class FaustStage:
-    """A faust app run beside the aiokafka stages in one process (same ``run``/``stop`` shape)."""
+class FaustStage(Runner):
+    """A faust app run beside the aiokafka stages in one process: its agents and timers are its loop."""
 
     def __init__(self, name: str, app: faust.App) -> None:
+        super().__init__()
         self.name, self.app = name, app
-        self._stopping: asyncio.Event | None = None
 
-    async def run(self) -> None:
-        self._stopping = asyncio.Event()
-        await self.app.start()
-        try:
-            await self._stopping.wait()
-        finally:
-            await self.app.stop()
-
-    def stop(self) -> None:
-        if self._stopping is not None:
-            self._stopping.set()
+    def clients(self) -> list[Any]:
+        return [self.app]

@@ -23,9 +23,11 @@ from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.records import Records
 from schemas import UsageRecorded
-from topics import Topics
+from topics import Role, Topics
+from topics.catalogue import BILLING, USAGE
 from topics.replay import replay as replay_topic
 
+ROLE = Role(BILLING, reads=(USAGE,), writes=())  # replays usage without a group
 REDIS_DAYS = 8  # the quota's day-counter lifetime (Quota.day_ttl_s)
 
 

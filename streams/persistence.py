@@ -19,9 +19,13 @@ from infra.stores import keys
 from infra.stores.conversations import Conversations, Message
 from infra.stores.records import Records, Summary
 from schemas import GenerationFinished, GenerationRequested
-from topics import Topics
+from schemas.scheduler import BACKGROUND_PRIORITY
+from streams.app import applied, topic
+from topics import GENERATE, Role, Topics
+from topics.catalogue import DEADLETTER, PERSISTENCE, REPLIES
 
 log = logging.getLogger(__name__)
+ROLE = Role(PERSISTENCE, reads=(REPLIES,), writes=(GENERATE, DEADLETTER))
 TITLE_INSTRUCTION = ("Write a title of at most six words for this conversation. Reply with the title only, "
                      "no quotes.")
 
@@ -77,7 +81,7 @@ class Persistence:
                              {"role": "user", "content": f"User: {user[:1500]}\nAssistant: {e.text[:1500]}"}])
         request = GenerationRequested(
             generation_id=f"{e.generation_id}:title", conversation_id=e.conversation_id, user_id=e.user_id,
-            plan=e.plan, pool="small", lane="free", prompt_token_ids=ids, max_tokens=16, priority=20,
+            plan=e.plan, pool="small", lane="free", prompt_token_ids=ids, max_tokens=16, priority=BACKGROUND_PRIORITY,
             purpose="title", temperature=0.0)
         return [(self.topics.generate("small", "free"), request, e.conversation_id)]
 
@@ -96,9 +100,7 @@ def _clean_title(text: str) -> str:
 
 
 def build_app(app: faust.App, persistence: Persistence, topics: Topics) -> None:
-    from streams.app import applied, topic
-
-    replies = topic(app, topics, "replies")
+    replies = topic(app, topics, REPLIES)
 
     @app.agent(replies, name=f"{app.conf.id}.save")
     async def save(stream: Any) -> None:
@@ -106,5 +108,6 @@ def build_app(app: faust.App, persistence: Persistence, topics: Topics) -> None:
             if not isinstance(event, GenerationFinished):
                 continue
             # Saved (or dead-lettered) before the loop asks for the next record, which is when faust acks this one.
-            for topic_name, out, key in await applied("persistence", stream, topics, persistence.handle, event) or []:
+            for topic_name, out, key in await applied(ROLE.stage, stream, topics, persistence.handle,
+                                                      event) or []:
                 await app.topic(topic_name).send(key=key.encode(), value=out)

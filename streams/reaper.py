@@ -13,68 +13,59 @@ its reservation was released is therefore not charged (under-charge, never doubl
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation, Settled
 from infra.stores.retry import HEALTH, MAX_DELAY_S, STORE_DOWN, dependency_of
 from schemas import GenerationFinished, UsageRecorded
 from streams.settlement import publish_usage
-from topics import Topics
+from topics import Role, Topics
+from topics.catalogue import REAPER, REPLIES, USAGE
 from topics.clients import make_producer, send
 from topics.replay import replay
+from topics.runner import Runner
 
 log = logging.getLogger(__name__)
+ROLE = Role(REAPER, reads=(REPLIES,), writes=(USAGE,))  # replays chat.replies without a group
 
 
-class Reaper:
-    name = "reaper"
+class Reaper(Runner):
+    name = ROLE.stage
 
     def __init__(self, settings: Settings, quota: Quota, *, interval_s: float = 30.0, outbox_grace_s: float = 30.0,
                  replay_margin_s: float = 60.0) -> None:
         """``outbox_grace_s``: how long settlement gets to publish its own record before the reaper does."""
+        super().__init__()
         self.settings, self.quota, self.topics = settings, quota, Topics(settings.topic_prefix)
         self.interval_s, self.outbox_grace_s, self.replay_margin_s = interval_s, outbox_grace_s, replay_margin_s
         self.producer = make_producer(settings.kafka_bootstrap)
-        self._stopping = asyncio.Event()
 
-    async def run(self) -> None:
-        await self.producer.start()
-        log.info("reaper sweeping every %.1f s", self.interval_s)
+    def clients(self) -> list[Any]:
+        return [self.producer]
+
+    async def step(self) -> None:
         try:
-            wait_s = self.interval_s
-            while not self._stopping.is_set():
-                try:
-                    await self.sweep()
-                    wait_s = self.interval_s
-                except (*STORE_DOWN, KafkaError) as exc:
-                    # Nothing is lost by skipping a pass (the expiry set and the usage log keep everything);
-                    # the reaper stays up, says so, and sweeps again sooner, then at its usual pace.
-                    wait_s = min(wait_s, MAX_DELAY_S)
-                    dependency = "Kafka" if isinstance(exc, KafkaError) else dependency_of(exc)
-                    HEALTH.down(self.name, dependency)
-                    log.warning("reaper sweep failed: %s unreachable (%s); next sweep in %.0f s", dependency,
-                                type(exc).__name__, wait_s)
-                else:
-                    HEALTH.up(self.name)
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), wait_s)
-                except TimeoutError:
-                    pass
-        finally:
-            await self.producer.stop()
+            await self.sweep()
+        except (*STORE_DOWN, KafkaError) as exc:
+            # Nothing is lost by skipping a pass (the expiry set and the usage log keep everything): the reaper
+            # stays up, says so, and sweeps again within 5 s, then at its usual pace once a sweep succeeds.
+            dependency = "Kafka" if isinstance(exc, KafkaError) else dependency_of(exc)
+            HEALTH.down(self.name, dependency)
+            log.warning("reaper sweep failed: %s unreachable (%s); next sweep in %.0f s", dependency,
+                        type(exc).__name__, min(self.interval_s, MAX_DELAY_S))
+            await self.idle(min(self.interval_s, MAX_DELAY_S))
+            return
+        HEALTH.up(self.name)
+        await self.idle(self.interval_s)
 
-    def stop(self) -> None:
-        self._stopping.set()
+    def reset(self) -> None:
+        self.producer = make_producer(self.settings.kafka_bootstrap)
 
     async def sweep(self, now: float | None = None) -> list[Settled]:
         """One pass; the generations this pass settled or published."""
@@ -130,11 +121,3 @@ class Reaper:
 
     async def _send(self, record: UsageRecorded) -> None:
         await send(self.producer, self.topics.usage, record, key=record.user_id)
-
-
-def build_stage(settings: Settings, redis: Any, db: Any, plans: Mapping[str, Plan], *,
-                environ: Mapping[str, str] | None = None) -> Reaper:
-    """The reaper for ``run_stages`` (``infra/local/wiring.py``); ``PARLEY_REAPER_INTERVAL_S`` sets the period."""
-    environ = os.environ if environ is None else environ
-    return Reaper(settings, Quota.configured(redis, plans, scope=settings.topic_prefix, environ=environ),
-                  interval_s=float(environ.get("PARLEY_REAPER_INTERVAL_S", 30)))

@@ -15,22 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Settled
 from schemas import GenerationFinished, UsageRecorded
-from streams.app import FaustStage, applied, make_app, topic
-from topics import Topics
+from streams.app import applied, make_app, topic
+from topics import Role, Topics
+from topics.catalogue import DEADLETTER, REPLIES, SETTLEMENT, USAGE
 
 log = logging.getLogger(__name__)
+ROLE = Role(SETTLEMENT, reads=(REPLIES,), writes=(USAGE, DEADLETTER))
 
 Send = Callable[[UsageRecorded], Awaitable[None]]
 
@@ -95,29 +96,16 @@ def faust_sender(usage: faust.TopicT) -> Send:
     return send
 
 
-def build_app(settings: Settings, redis: Any, plans: Mapping[str, Plan], *, quota: Quota | None = None) -> faust.App:
-    """The settlement faust app; start it with ``await app.start()`` (or ``build_stage`` for ``run_stages``)."""
-    app = make_app("settlement", settings, datadir=faust_datadir(settings, "settlement"))
+def build_app(settings: Settings, quota: Quota) -> faust.App:
+    """The settlement faust app; start it with ``await app.start()`` (or wrap it in a ``FaustStage``)."""
+    app = make_app(ROLE.stage, settings)
     topics = Topics(settings.topic_prefix)
-    settlement = Settlement(quota or Quota.configured(redis, plans, scope=settings.topic_prefix),
-                            faust_sender(topic(app, topics, "usage")))
+    settlement = Settlement(quota, faust_sender(topic(app, topics, USAGE)))
 
-    @app.agent(topic(app, topics, "replies"))
+    @app.agent(topic(app, topics, REPLIES))
     async def settle(stream: faust.StreamT) -> None:
         async for finished in stream:
             if isinstance(finished, GenerationFinished):
-                await applied("settlement", stream, topics, settlement.handle, finished)
+                await applied(ROLE.stage, stream, topics, settlement.handle, finished)
 
     return app
-
-
-def faust_datadir(settings: Settings, stage: str) -> str:
-    """Faust writes a data folder even with in-memory tables; keep it in the state dir, not the working dir."""
-    parent = settings.state_dir / "faust"
-    parent.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
-    return str(parent / f"{settings.topic_prefix}{stage}")
-
-
-def build_stage(settings: Settings, redis: Any, db: Any, plans: Mapping[str, Plan]) -> FaustStage:
-    """Settlement for ``run_stages`` (``infra/local/wiring.py``); ``db`` is unused, kept for the common shape."""
-    return FaustStage("settlement", build_app(settings, redis, plans))

@@ -22,15 +22,14 @@ import faust
 
 from infra.config.settings import Settings
 from infra.stores.records import Records, UsageDay
-from infra.stores.session import AsyncSession
 from schemas import UsageRecorded
-from streams.app import FaustStage, applied, make_app, topic
+from streams.app import applied, make_app, topic
 from streams.codec import CODEC_NAME
-from streams.settlement import faust_datadir
-from topics import Topics
-from topics.catalogue import BY_NAME
+from topics import Role, Topics
+from topics.catalogue import DEADLETTER, USAGE, USAGE_ROLLUP
 
 log = logging.getLogger(__name__)
+ROLE = Role(USAGE_ROLLUP, reads=(USAGE,), writes=(DEADLETTER,))
 COUNTED = ("tokens_in", "tokens_out", "tokens_cached", "charged_tokens")
 DAYS_TABLE, MINUTES_TABLE = "usage_day", "plan_minute"
 
@@ -67,15 +66,15 @@ def plan_minutes(app: faust.App, plan: str) -> dict[str, dict[str, int]]:
 
 
 def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0) -> faust.App:
-    app = make_app("usage-rollup", settings, datadir=faust_datadir(settings, "usage-rollup"))
+    app = make_app(ROLE.stage, settings)
     topics = Topics(settings.topic_prefix)
-    partitions = BY_NAME["usage"].partitions  # tables are co-partitioned with their source topic
+    partitions = USAGE.partitions  # tables are co-partitioned with their source topic
     days = app.Table(DAYS_TABLE, default=None, partitions=partitions)
     minutes = app.Table(MINUTES_TABLE, default=None, partitions=partitions)
-    by_plan = app.topic(f"{app.conf.id}-by-plan", internal=True, partitions=partitions,
+    by_plan = app.topic(topics.internal(ROLE.stage, "by-plan"), internal=True, partitions=partitions,
                         value_serializer=CODEC_NAME, key_serializer="raw")
 
-    @app.agent(topic(app, topics, "usage"))
+    @app.agent(topic(app, topics, USAGE))
     async def roll_days(stream: faust.StreamT) -> None:
         async for record in stream:
             if not isinstance(record, UsageRecorded):
@@ -89,7 +88,7 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
                 days[key] = row
                 await by_plan.send(key=record.plan.encode(), value=record)
             # Written (a Cassandra outage waited out here) before faust may acknowledge the record.
-            await applied("usage-rollup", stream, topics, records.put_usage_day,
+            await applied(ROLE.stage, stream, topics, records.put_usage_day,
                           usage_day(record.user_id, record.day, days[key]))
 
     @app.agent(by_plan)
@@ -108,8 +107,3 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
                          row["replies"], row["failed"], row["tokens_in"], row["tokens_out"], row["tokens_cached"])
 
     return app
-
-
-def build_stage(settings: Settings, redis: Any, db: AsyncSession, plans: Any) -> FaustStage:
-    """The rollup for ``run_stages`` (``infra/local/wiring.py``); only ``db`` is used."""
-    return FaustStage("usage-rollup", build_app(settings, Records(db)))

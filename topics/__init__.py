@@ -1,4 +1,4 @@
-"""The topic catalogue. Stage code gets topic names from ``Topics``."""
-from topics.catalogue import BY_NAME, CATALOGUE, Topic, Topics, generate_topic_name
+"""The topic catalogue and the Kafka transport. Stage code gets topic and group names from ``Topics``."""
+from topics.catalogue import ALL, FIXED, GENERATE, Role, Topic, Topics, catalogue, generate_topic_name
 
-__all__ = ["BY_NAME", "CATALOGUE", "Topic", "Topics", "generate_topic_name"]
+__all__ = ["ALL", "FIXED", "GENERATE", "Role", "Topic", "Topics", "catalogue", "generate_topic_name"]

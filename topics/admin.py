@@ -1,25 +1,28 @@
 """Make the broker match the catalogue: create missing topics, grow partitions,
-correct retention and cleanup policy. Never deletes or shrinks anything."""
+correct retention and cleanup policy. Never deletes or shrinks anything.
+
+Takes the bootstrap address, prefix and pools as arguments (``infra/local/topology.py`` passes the configured
+ones), so the transport layer reads no configuration."""
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from infra.config.settings import Settings
 from topics.catalogue import Topic, Topics
 
 log = logging.getLogger(__name__)
 
 
-async def ensure_topics_async(bootstrap: str, prefix: str = "") -> dict[str, str]:
+async def ensure_topics_async(bootstrap: str, prefix: str, pools: Iterable[str]) -> dict[str, str]:
     """Return what was done per topic: created, grown, reconfigured or ok."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        wanted = dict(Topics(prefix).all())
+        wanted = dict(Topics(prefix, pools).all())
         existing = await _partition_counts(admin, list(wanted))
         missing = [n for n in wanted if n not in existing]
         actions = {n: "ok" for n in wanted}
@@ -95,10 +98,3 @@ async def _misconfigured(admin: AIOKafkaAdminClient, topics: dict[str, Topic]) -
         # Non-incremental AlterConfigs replaces a topic's whole config set, so send all we manage.
         await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, n, topics[n].config) for n in wrong])
     return wrong
-
-
-def ensure_topics(settings: Settings) -> dict[str, str]:
-    actions = asyncio.run(ensure_topics_async(settings.kafka_bootstrap, settings.topic_prefix))
-    changed = {n: a for n, a in actions.items() if a != "ok"}
-    log.info("topics: %d in catalogue, changed %s", len(actions), changed or "none")
-    return actions

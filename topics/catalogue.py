@@ -1,10 +1,15 @@
-"""Every topic of the pipeline, declared once: name, key, events, partitions,
-retention, cleanup policy, who produces it and which consumer groups read it.
+"""Every topic of the pipeline, declared once: name, key, events, partitions, retention, cleanup policy,
+which stages produce it and which read it; and every stage (consumer group) name.
 
-Stage code never spells a topic name; it asks this module (``Topics(prefix)``).
+Each name is written here once. Stage code never spells a topic or group name: it asks ``Topics(prefix,
+pools)`` for the names one deployment sees. The ``generate.<pool>.<lane>`` topics are derived from the pools
+the caller passes (``infra/config/pools.toml``; this package does not read configuration) and the lanes of
+``schemas.scheduler.LANES``. Each stage module declares its ``ROLE`` (what it reads and writes, by reference
+to the objects here); a unit test checks those declarations, the columns below and the code against each other.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from schemas import (
@@ -22,24 +27,39 @@ from schemas import (
     TokensAppended,
     UsageRecorded,
 )
+from schemas.scheduler import LANES
 
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
 DAY_MS = 24 * HOUR_MS
 
-POOLS = ("large", "small")
-LANES = ("paid", "free")
+# Stages: each name is the stage's consumer group (or faust app id), its log name and its ``parley stages --only``
+# name. The generation stage has one group per pool (``generation.<pool>``).
+GATEWAY = "gateway"
+ADMISSION = "admission"
+PROMPT = "prompt"
+SCHEDULER = "scheduler"
+GENERATION = "generation"
+SETTLEMENT = "settlement"
+PERSISTENCE = "persistence"
+REAPER = "reaper"
+USAGE_ROLLUP = "usage-rollup"
+ABANDONED = "abandoned"
+BILLING = "billing"
+STAGES = (GATEWAY, ADMISSION, PROMPT, SCHEDULER, GENERATION, SETTLEMENT, PERSISTENCE, REAPER, USAGE_ROLLUP,
+          ABANDONED, BILLING)
 
 
 @dataclass(frozen=True)
 class Topic:
-    name: str
+    attr: str  # the attribute of ``Topics`` that holds its name
+    name: str  # a template with {pool} and {lane} for a family of topics
     key: str
     events: tuple[type[Event], ...]
     partitions: int
     retention_ms: int
     producers: tuple[str, ...]
-    consumer_groups: tuple[str, ...]
+    readers: tuple[str, ...]  # stages reading it, in their own group or by assigning partitions (see ROLEs)
     cleanup_policy: str = "delete"
 
     @property
@@ -47,64 +67,86 @@ class Topic:
         return {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
 
 
-def _catalogue() -> tuple[Topic, ...]:
-    fixed = (
-        Topic("chat.requests", "user_id", (MessageSubmitted,), 6, 7 * DAY_MS,
-              ("gateway",), ("admission",)),
-        Topic("chat.admitted", "conversation_id", (RequestAdmitted,), 6, 7 * DAY_MS,
-              ("admission",), ("prompt",)),
-        Topic("chat.prompts", "conversation_id", (PromptBuilt,), 6, 7 * DAY_MS,
-              ("prompt",), ("scheduler",)),
-        # The token buffer: 10 minutes, the seed's TTL. Readers find a generation's
-        # partition from its key, so the SSE event id can be the bare offset.
-        Topic("chat.tokens", "generation_id",
-              (RequestRefused, GenerationQueued, GenerationStarted, TokensAppended, GenerationFinished),
-              6, 10 * MINUTE_MS, ("admission", "scheduler", "worker"), ("gateway (assigned, no group)",)),
-        Topic("chat.replies", "conversation_id", (GenerationFinished,), 6, 7 * DAY_MS,
-              ("worker",), ("settlement", "persistence", "scheduler")),
-        # Broadcast: every worker reads every partition without a group.
-        Topic("chat.control", "generation_id", (CancelRequested,), 1, 1 * HOUR_MS,
-              ("gateway", "scheduler"), ("worker (assigned, no group)",)),
-        Topic("usage", "user_id", (UsageRecorded,), 6, 30 * DAY_MS,
-              ("settlement",), ("usage-rollup", "billing")),
-        Topic("chat.deadletter", "source topic", (EventDeadLettered,), 1, 14 * DAY_MS,
-              ("every consumer",), ()),
-    )
-    lanes = tuple(
-        Topic(generate_topic_name(pool, lane), "conversation_id", (GenerationRequested,), 4, 7 * DAY_MS,
-              ("scheduler",), (f"worker.{pool}",))
-        for pool in POOLS for lane in LANES
-    )
-    return fixed + lanes
+REQUESTS = Topic("requests", "chat.requests", "user_id", (MessageSubmitted,), 6, 7 * DAY_MS,
+                 (GATEWAY,), (ADMISSION,))
+ADMITTED = Topic("admitted", "chat.admitted", "conversation_id", (RequestAdmitted,), 6, 7 * DAY_MS,
+                 (ADMISSION,), (PROMPT,))
+PROMPTS = Topic("prompts", "chat.prompts", "conversation_id", (PromptBuilt,), 6, 7 * DAY_MS,
+                (PROMPT,), (SCHEDULER,))
+# The token buffer: 10 minutes, the seed's TTL. Readers find a generation's partition from its key, so the
+# SSE event id can be the bare offset.
+TOKENS = Topic("tokens", "chat.tokens", "generation_id",
+               (RequestRefused, GenerationQueued, GenerationStarted, TokensAppended, GenerationFinished),
+               6, 10 * MINUTE_MS, (ADMISSION, PROMPT, SCHEDULER, GENERATION), (GATEWAY, GENERATION, ABANDONED))
+REPLIES = Topic("replies", "chat.replies", "conversation_id", (GenerationFinished,), 6, 7 * DAY_MS,
+                (GENERATION, SCHEDULER), (SETTLEMENT, PERSISTENCE, SCHEDULER, REAPER))
+# Broadcast: every worker reads every partition without a group.
+CONTROL = Topic("control", "chat.control", "generation_id", (CancelRequested,), 1, 1 * HOUR_MS,
+                (GATEWAY, ABANDONED), (GENERATION,))
+USAGE = Topic("usage", "usage", "user_id", (UsageRecorded,), 6, 30 * DAY_MS,
+              (SETTLEMENT, REAPER), (USAGE_ROLLUP, BILLING))
+# Every stage that decodes records wraps the ones it cannot decode here; nothing reads it but people.
+DEADLETTER = Topic("deadletter", "chat.deadletter", "source topic", (EventDeadLettered,), 1, 14 * DAY_MS,
+                   (ADMISSION, PROMPT, SCHEDULER, GENERATION, SETTLEMENT, PERSISTENCE, USAGE_ROLLUP), ())
+# One topic per (pool, lane): the scheduler's queues; titles and summaries go straight to the small pool's free lane.
+GENERATE = Topic("generate", "generate.{pool}.{lane}", "conversation_id", (GenerationRequested,), 4, 7 * DAY_MS,
+                 (SCHEDULER, PROMPT, PERSISTENCE), (GENERATION,))
+
+FIXED: tuple[Topic, ...] = (REQUESTS, ADMITTED, PROMPTS, TOKENS, REPLIES, CONTROL, USAGE, DEADLETTER)
+ALL: tuple[Topic, ...] = (*FIXED, GENERATE)
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one stage reads and writes, declared in the stage's own module (its ``ROLE``)."""
+
+    stage: str
+    reads: tuple[Topic, ...]
+    writes: tuple[Topic, ...]
 
 
 def generate_topic_name(pool: str, lane: str) -> str:
-    return f"generate.{pool}.{lane}"
+    return GENERATE.name.format(pool=pool, lane=lane)
 
 
-CATALOGUE: tuple[Topic, ...] = _catalogue()
-BY_NAME: dict[str, Topic] = {t.name: t for t in CATALOGUE}
+def catalogue(pools: Iterable[str]) -> tuple[tuple[str, Topic], ...]:
+    """(unprefixed name, topic) for every topic of a deployment serving ``pools``."""
+    fixed = tuple((t.name, t) for t in FIXED)
+    return fixed + tuple((generate_topic_name(pool, lane), GENERATE) for pool in pools for lane in LANES)
 
 
 class Topics:
-    """Topic names as one deployment sees them (tests isolate themselves with a prefix)."""
+    """Topic and consumer-group names as one deployment sees them (tests isolate themselves with a prefix)."""
 
-    def __init__(self, prefix: str = "") -> None:
-        self.prefix = prefix
-        self.requests = self._n("chat.requests")
-        self.admitted = self._n("chat.admitted")
-        self.prompts = self._n("chat.prompts")
-        self.tokens = self._n("chat.tokens")
-        self.replies = self._n("chat.replies")
-        self.control = self._n("chat.control")
-        self.usage = self._n("usage")
-        self.deadletter = self._n("chat.deadletter")
+    requests: str
+    admitted: str
+    prompts: str
+    tokens: str
+    replies: str
+    control: str
+    usage: str
+    deadletter: str
 
-    def _n(self, name: str) -> str:
-        return f"{self.prefix}{name}"
+    def __init__(self, prefix: str = "", pools: Iterable[str] = ()) -> None:
+        self.prefix, self.pools = prefix, tuple(pools)
+        for topic in FIXED:
+            setattr(self, topic.attr, prefix + topic.name)
 
     def generate(self, pool: str, lane: str) -> str:
-        return self._n(generate_topic_name(pool, lane))
+        return self.prefix + generate_topic_name(pool, lane)
+
+    def group(self, stage: str, pool: str | None = None) -> str:
+        """The consumer group (faust: app id) of ``stage``; the generation stage has one per pool."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; the stages are {', '.join(STAGES)}")
+        if (stage == GENERATION) != (pool is not None):
+            raise ValueError("the generation stage, and only it, has a group per pool")
+        return f"{self.prefix}{stage}" if pool is None else f"{self.prefix}{stage}.{pool}"
+
+    def internal(self, stage: str, purpose: str) -> str:
+        """A stage's own topic, such as the usage rollup's re-keyed copy of ``usage``."""
+        return f"{self.group(stage)}-{purpose}"
 
     def all(self) -> list[tuple[str, Topic]]:
-        return [(self._n(t.name), t) for t in CATALOGUE]
+        """(name, topic) for every topic of this deployment (``generate.*`` for the pools it was given)."""
+        return [(self.prefix + name, topic) for name, topic in catalogue(self.pools)]

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from schemas import EventDecodeError, GenerationFinished, GenerationStarted, TokensAppended, decode
-from topics.clients import topic_partitions
-from topics.partitioning import partition_for
+from topics.replay import open_reader, read_to_end
 
 TOKEN_EVENTS = (GenerationStarted, TokensAppended, GenerationFinished)
 
@@ -57,25 +54,14 @@ def collect(events: list[object], generation_id: str) -> Saved:
 
 async def read_saved(bootstrap: str, tokens_topic: str, generation_id: str, since_ms: int) -> Saved:
     """Scan the generation's partition of the token buffer from ``since_ms`` to its current end."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    await consumer.start()
+    reader = await open_reader(bootstrap, tokens_topic, since_ms=since_ms, key=generation_id)
     try:
-        partitions = await topic_partitions(consumer, tokens_topic)
-        tp = TopicPartition(tokens_topic, partition_for(generation_id, len(partitions)))
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        found = (await consumer.offsets_for_times({tp: max(since_ms, 0)}))[tp]
-        start = found.offset if found else end
-        consumer.seek(tp, start)
         events: list[object] = []
-        while start < end:
-            batch = await consumer.getmany(tp, timeout_ms=500)
-            for record in batch.get(tp, []):
-                start = record.offset + 1
-                try:
-                    events.append(decode(record.value, TOKEN_EVENTS))
-                except EventDecodeError:
-                    continue  # other event types share the partition
+        async for record in read_to_end(reader, reader.partitions[0], timeout_ms=500):
+            try:
+                events.append(decode(record.value, TOKEN_EVENTS))
+            except EventDecodeError:
+                continue  # other event types share the partition
         return collect(events, generation_id)
     finally:
-        await consumer.stop()
+        await reader.close()

@@ -1,4 +1,4 @@
-"""Generation worker (group ``worker.<pool>``): consumes ``generate.<pool>.paid`` then ``.free``,
+"""Generation worker (group ``generation.<pool>``): consumes ``generate.<pool>.paid`` then ``.free``,
 runs each request on the engine, appends ``GenerationStarted`` / ``TokensAppended`` /
 ``GenerationFinished`` to ``chat.tokens`` and the finish to ``chat.replies``.
 
@@ -20,10 +20,10 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from consumers.generation.decisions import Finish, Generate, Limits, decide, finished_event, status_for
 from consumers.generation.engine import Sampling
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
-from consumers.generation.plan import Finish, Generate, Limits, finished_event, plan, status_for
 from consumers.generation.recovery import Saved, read_saved
 from infra.config.settings import Settings
 from infra.stores import keys
@@ -37,10 +37,14 @@ from schemas import (
     encode,
 )
 from schemas.errors import EventDecodeError
-from topics import Topics
-from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer, send, topic_partitions
+from topics import GENERATE, Role, Topics
+from topics.catalogue import CONTROL, DEADLETTER, GENERATION, REPLIES, TOKENS
+from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer, send
+from topics.replay import open_reader
 
 log = logging.getLogger(__name__)
+# Reads chat.control (broadcast) and its own earlier tokens on chat.tokens (recovery), without a group.
+ROLE = Role(GENERATION, reads=(GENERATE, CONTROL, TOKENS), writes=(TOKENS, REPLIES, DEADLETTER))
 CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
 
 
@@ -64,7 +68,7 @@ class GenerationWorker:
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
         self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"
         self.topics = Topics(settings.topic_prefix)
-        self.group = f"{settings.topic_prefix}worker.{limits.pool}"
+        self.group = self.topics.group(GENERATION, limits.pool)
         self.paid, self.free = self.topics.generate(limits.pool, "paid"), self.topics.generate(limits.pool, "free")
         self.tracker = OffsetTracker()
         self.metrics = WorkerMetrics(limits.pool)
@@ -195,7 +199,7 @@ class GenerationWorker:
     async def _generate(self, req: GenerationRequested) -> None:
         picked_at = time.time()
         saved = await self._saved(req)
-        decision = plan(req, self.limits, req.generation_id in self.cancelled, saved)
+        decision = decide(req, self.limits, req.generation_id in self.cancelled, saved)
         if isinstance(decision, Finish):
             await self._finish_early(req, decision, saved)
             return
@@ -296,22 +300,14 @@ class GenerationWorker:
 
     # -- cancels -----------------------------------------------------------------------------------------
     async def _control_loop(self) -> None:
-        reader = make_consumer(self.settings.kafka_bootstrap, group_id=None)
-        await reader.start()
+        # Every partition, from the cancels of the last CANCEL_MEMORY_S on: a cancel may precede its request.
+        reader = await open_reader(self.settings.kafka_bootstrap, self.topics.control,
+                                   since_ms=int((time.time() - CANCEL_MEMORY_S) * 1000))
         try:
-            parts = await topic_partitions(reader, self.topics.control)
-            tps = [TopicPartition(self.topics.control, p) for p in parts]
-            reader.assign(tps)
-            since = int((time.time() - CANCEL_MEMORY_S) * 1000)
-            for tp, found in (await reader.offsets_for_times({tp: since for tp in tps})).items():
-                if found is not None:
-                    reader.seek(tp, found.offset)
-                else:
-                    await reader.seek_to_end(tp)
-            async for record in reader:
+            async for record in reader.consumer:
                 await self._on_control(record)
         finally:
-            await reader.stop()
+            await reader.close()
 
     async def _on_control(self, record: Any) -> None:
         try:

@@ -22,9 +22,13 @@ from consumers.stage import Out
 from infra.stores.conversations import Conversations, Message
 from infra.stores.records import Records
 from schemas import GenerationRequested, PromptBuilt, RequestAdmitted, RequestRefused
-from topics import Topics
+from schemas.scheduler import BACKGROUND_PRIORITY
+from topics import GENERATE, Role, Topics
+from topics.catalogue import ADMITTED, DEADLETTER, PROMPT, PROMPTS, TOKENS
 
 log = logging.getLogger(__name__)
+# Writes chat.tokens only to refuse a prompt that cannot fit; the summary request goes to the small pool.
+ROLE = Role(PROMPT, reads=(ADMITTED,), writes=(PROMPTS, GENERATE, TOKENS, DEADLETTER))
 SUMMARY_INSTRUCTION = "Summarise this conversation in at most five sentences, keeping names, numbers and decisions."
 
 
@@ -165,7 +169,8 @@ class PromptBuilder:
         return Out(self.topics.generate("small", "free"), GenerationRequested(
             generation_id=f"{req.generation_id}:summary", conversation_id=req.conversation_id,
             user_id=req.user_id, plan=req.plan, pool="small", lane="free", prompt_token_ids=ids,
-            max_tokens=160, priority=20, turn=upto, purpose="summary", temperature=0.0), req.conversation_id)
+            max_tokens=160, priority=BACKGROUND_PRIORITY, turn=upto, purpose="summary", temperature=0.0),
+            req.conversation_id)
 
 
 def _turns(history: list[Message], current_turn: int, current_text: str) -> list[Turn]:

@@ -1,8 +1,7 @@
 """The last-resort tier: prepared replies for the most common prompts, served when every pool is
-past the plan's wait limit. Pure lookup; the table is ``infra/config/canned.toml`` (or PARLEY_CANNED_FILE)."""
+past the plan's wait limit. Pure lookup; the table is ``Settings.canned_file`` (``infra/config/canned.toml``)."""
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -22,9 +21,7 @@ class CannedReplies:
         self.table = {normalise(k): v for k, v in table.items()}
 
     @classmethod
-    def load(cls, environ: Mapping[str, str] | None = None) -> CannedReplies:
-        environ = os.environ if environ is None else environ
-        path = Path(environ.get("PARLEY_CANNED_FILE") or DEFAULT_FILE)
+    def load(cls, path: Path = DEFAULT_FILE) -> CannedReplies:
         with path.open("rb") as fh:
             return cls(tomllib.load(fh).get("replies", {}))
 

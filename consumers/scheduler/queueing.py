@@ -10,7 +10,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-LANES = ("paid", "free")  # paid is served first
+from schemas.scheduler import LANES  # paid is served first
 
 
 @dataclass

@@ -8,10 +8,10 @@ unless that replica's queue is much longer than the others'.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from typing import Any
 
 from consumers.deadlines import past_deadline
@@ -30,12 +30,17 @@ from schemas import (
     decode,
 )
 from schemas.errors import EventDecodeError
-from topics import BY_NAME, Topics, generate_topic_name
+from schemas.scheduler import LANE_PRIORITY
+from topics import GENERATE, Role, Topics
+from topics.catalogue import DEADLETTER, PROMPTS, REPLIES, SCHEDULER, TOKENS
 from topics.clients import make_consumer
 from topics.partitioning import partition_for
 
 log = logging.getLogger(__name__)
 HOT_REPLICA_MARGIN = 4  # requests more than the least-loaded replica before affinity gives way
+# Reads chat.replies without a group (every scheduler hears every completion); writes a finished reply itself
+# when it serves a prepared one.
+ROLE = Role(SCHEDULER, reads=(PROMPTS, REPLIES), writes=(GENERATE, TOKENS, REPLIES, DEADLETTER))
 
 
 class Scheduler:
@@ -63,7 +68,7 @@ class Scheduler:
             log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
             return [self._refuse(p, 503, decision.message, max(1.0, decision.wait_s - plan.queue_wait_limit_s))]
         topic = self.topics.generate(decision.pool, decision.lane)
-        partition = self._partition(topic, decision.pool, decision.lane, p.conversation_id)
+        partition = self._partition(topic, p.conversation_id)
         self.queues.enqueued(p.generation_id, decision.pool, decision.lane)
         self.placed[p.generation_id] = (topic, partition)
         self.partition_load.setdefault(topic, Counter())[partition] += 1
@@ -80,7 +85,7 @@ class Scheduler:
                 generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
                 plan=p.plan, pool=decision.pool, lane=decision.lane,  # type: ignore[arg-type]
                 prompt_token_ids=p.prompt_token_ids, max_tokens=p.max_tokens,
-                priority=0 if decision.lane == "paid" else 10, message_id=p.assistant_message_id, turn=p.turn,
+                priority=LANE_PRIORITY[decision.lane], message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
                 route_reason=decision.reason if decision.reason == "overflow" else p.route_reason,
                 enqueued_at=time.time(), **_temperature(p)),
@@ -113,8 +118,8 @@ class Scheduler:
             "nothing was charged. Send it again.", reserved_tokens=p.reserved_tokens, route_reason=p.route_reason)
         return [Out(self.topics.tokens, done, p.generation_id), Out(self.topics.replies, done, p.conversation_id)]
 
-    def _partition(self, topic: str, pool: str, lane: str, conversation_id: str) -> int:
-        n = BY_NAME[generate_topic_name(pool, lane)].partitions
+    def _partition(self, topic: str, conversation_id: str) -> int:
+        n = GENERATE.partitions
         home = partition_for(conversation_id, n)
         load = self.partition_load.setdefault(topic, Counter())
         coolest = min(range(n), key=lambda i: load[i])
@@ -133,34 +138,23 @@ class Scheduler:
             retry_after_s=retry_after), p.generation_id)
 
 
-class SchedulerStage:
+class SchedulerStage(Stage):
     """The scheduler's stage plus its follower of ``chat.replies`` (completions feed the service rate)."""
 
-    name = "scheduler"
-
     def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any]) -> None:
-        self.settings = settings
         topics = Topics(settings.topic_prefix)
         queues = Queues({name: PoolLoad(capacity=cfg.max_num_seqs, prior_rate=max(cfg.max_num_seqs / 20, 0.1))
                          for name, cfg in pools.items()})
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
-                                   CannedReplies.load())
-        self.stage = Stage("scheduler", settings, "prompts", (PromptBuilt,), self.scheduler.handle)
-        self._follower: asyncio.Task[None] | None = None
+                                   CannedReplies.load(settings.canned_file))
+        super().__init__(ROLE, settings, (PromptBuilt,), self.scheduler.handle)
 
-    async def run(self) -> None:
-        self._follower = asyncio.create_task(self._follow_replies())
-        try:
-            await self.stage.run()
-        finally:
-            self._follower.cancel()
-
-    def stop(self) -> None:
-        self.stage.stop()
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._follow_replies()]
 
     async def _follow_replies(self) -> None:
-        consumer = make_consumer(self.settings.kafka_bootstrap, Topics(self.settings.topic_prefix).replies,
-                                 group_id=None, auto_offset_reset="latest")
+        consumer = make_consumer(self.settings.kafka_bootstrap, self.topics.replies, group_id=None,
+                                 auto_offset_reset="latest")
         await consumer.start()
         try:
             async for record in consumer:

@@ -1,14 +1,14 @@
 """One logging set-up for every service process: INFO, plus DEBUG for the loggers named in
-``PARLEY_DEBUG`` (comma-separated, e.g. ``consumers.stage,consumers.generation.worker``)."""
+``Settings.debug`` (comma-separated in the environment, e.g. ``consumers.stage,consumers.generation.worker``)."""
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Iterable
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def configure() -> None:
+def configure(debug: Iterable[str] = ()) -> None:
     logging.basicConfig(level=logging.INFO, format=FORMAT)
-    for name in filter(None, (n.strip() for n in os.environ.get("PARLEY_DEBUG", "").split(","))):
+    for name in debug:
         logging.getLogger(name).setLevel(logging.DEBUG)

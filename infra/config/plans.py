@@ -1,14 +1,14 @@
 """Plans (free, paid): budgets, bucket, running-reply cap, reply cap and queue wait limit.
 
-Read once per process from ``infra/config/plans.toml`` or ``PARLEY_PLANS_FILE``.
+Read once per process from the file ``Settings.plans_file`` names (``infra/config/plans.toml`` by default).
 """
 from __future__ import annotations
 
-import os
 import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from schemas.scheduler import LANES
 
 DEFAULT_FILE = Path(__file__).with_name("plans.toml")
 
@@ -25,12 +25,13 @@ class Plan:
     lane: str
 
 
-def load_plans(environ: Mapping[str, str] | None = None) -> dict[str, Plan]:
-    environ = os.environ if environ is None else environ
-    path = Path(environ.get("PARLEY_PLANS_FILE") or DEFAULT_FILE)
+def load_plans(path: Path = DEFAULT_FILE) -> dict[str, Plan]:
     with path.open("rb") as fh:
         tables = tomllib.load(fh).get("plans", {})
     plans = {name: Plan(name=name, **values) for name, values in tables.items()}
     if not {"free", "paid"} <= set(plans):
         raise ValueError(f"{path} must define plans.free and plans.paid")
+    wrong = sorted(p.name for p in plans.values() if p.lane not in LANES)
+    if wrong:
+        raise ValueError(f"{path}: plans {', '.join(wrong)} name a lane that does not exist; lanes: {', '.join(LANES)}")
     return plans

@@ -1,26 +1,23 @@
 """Engine pools: which model each pool serves and how its vLLM engine is sized.
 
-Read once per process from ``infra/config/pools.toml`` (or the file named by ``PARLEY_POOLS_FILE``), with one
-field of one pool overridable by ``PARLEY_POOL_<NAME>_<FIELD>`` (e.g. ``PARLEY_POOL_LARGE_MAX_SEQS=32``).
+Read once per process from ``Settings.pools_file`` (``infra/config/pools.toml`` by default), with one field of
+one pool overridable from the environment (``Settings.pool_overrides``; README's configuration table names the
+variable).
 Reading the configuration never touches model weights: ``infra.local.model.ready_pool`` converts the
 default model on first use.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import tomllib
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
-from infra.config.settings import Settings
+from infra.config.settings import POOL_PREFIX, Settings, env_var
 
 DEFAULT_FILE = Path(__file__).with_name("pools.toml")
-ENV_FILE = "PARLEY_POOLS_FILE"
-ENV_PREFIX = "PARLEY_POOL_"
 # env suffix -> field; the names people type, not always the field's own
 ENV_FIELDS = {
     "MODEL_DIR": "model_dir",
@@ -37,7 +34,7 @@ ENV_FIELDS = {
 
 
 class PoolConfigError(ValueError):
-    """The pools file or a PARLEY_POOL_* variable is wrong; the message names which and why."""
+    """The pools file or a pool override variable is wrong; the message names which and why."""
 
 
 class UnknownPoolError(PoolConfigError, LookupError):
@@ -59,7 +56,6 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     enable_prefix_caching: bool = True
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     dtype: str = "bfloat16"
-    lane_priority: dict[str, int] = msgspec.field(default_factory=lambda: {"paid": 0, "free": 10})
     description: str = ""
 
     @property
@@ -70,19 +66,12 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     def kv_cache_bytes(self) -> int:
         return int(self.kv_cache_gib * 2**30)
 
-    def priority_for(self, lane: str) -> int:
-        """vLLM priority for a plan lane (lower runs first); unknown lanes queue behind known ones."""
-        return self.lane_priority.get(lane, max(self.lane_priority.values(), default=0) + 1)
 
-
-def load_pools(
-    settings: Settings, environ: Mapping[str, str] | None = None, *, on_gpu: bool | None = None
-) -> dict[str, PoolConfig]:
+def load_pools(settings: Settings, *, on_gpu: bool | None = None) -> dict[str, PoolConfig]:
     """Every pool, file values merged with environment overrides; raises PoolConfigError."""
-    environ = os.environ if environ is None else environ
-    path = Path(environ.get(ENV_FILE) or DEFAULT_FILE).expanduser()
+    path = settings.pools_file
     defaults, tables = _read_file(path)
-    overrides = _env_overrides(environ, list(tables), str(path))
+    overrides = _env_overrides(settings.pool_overrides, list(tables), str(path))
     on_gpu = shutil.which("nvidia-smi") is not None if on_gpu is None else on_gpu
     return {
         name: _build(name, {**defaults, **table, **overrides.get(name, {})}, settings, path, on_gpu)
@@ -90,17 +79,16 @@ def load_pools(
     }
 
 
-def pool_config(name: str, pools: Mapping[str, PoolConfig], source: str = str(DEFAULT_FILE)) -> PoolConfig:
+def pool_config(name: str, pools: dict[str, PoolConfig], source: str = str(DEFAULT_FILE)) -> PoolConfig:
     try:
         return pools[name]
     except KeyError:
         raise UnknownPoolError(name, sorted(pools), source) from None
 
 
-def load_pool(name: str, settings: Settings, *, environ: Mapping[str, str] | None = None) -> PoolConfig:
+def load_pool(name: str, settings: Settings) -> PoolConfig:
     """One pool's config; a configured (non-default) model folder must be a Hugging Face folder."""
-    environ = os.environ if environ is None else environ
-    pool = pool_config(name, load_pools(settings, environ), environ.get(ENV_FILE) or str(DEFAULT_FILE))
+    pool = pool_config(name, load_pools(settings), str(settings.pools_file))
     if not pool.uses_default_model and not (pool.model_path / "config.json").is_file():
         raise PoolConfigError(f"pool {name!r}: {pool.model_dir} is not a Hugging Face model folder")
     return pool
@@ -118,7 +106,8 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise PoolConfigError(f"pools file {path} does not exist (set {ENV_FILE} or restore it)") from None
+        raise PoolConfigError(f"pools file {path} does not exist (set {env_var('POOLS_FILE')} or restore it)"
+                              ) from None
     except tomllib.TOMLDecodeError as exc:
         raise PoolConfigError(f"pools file {path} is not valid TOML: {exc}") from exc
     tables = raw.get("pools") or {}
@@ -127,14 +116,12 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     return dict(raw.get("defaults") or {}), tables
 
 
-def _env_overrides(environ: Mapping[str, str], names: list[str], source: str) -> dict[str, dict[str, str]]:
-    """PARLEY_POOL_<NAME>_<FIELD>=value -> {name: {field: value}}; strict about typos."""
+def _env_overrides(pairs: tuple[tuple[str, str], ...], names: list[str], source: str) -> dict[str, dict[str, str]]:
+    """(<NAME>_<FIELD>, value) -> {name: {field: value}}; strict about typos."""
     by_prefix = {_env_name(name) + "_": name for name in names}
     found: dict[str, dict[str, str]] = {}
-    for key, value in environ.items():
-        if not key.startswith(ENV_PREFIX):
-            continue
-        rest = key[len(ENV_PREFIX):]
+    for rest, value in pairs:
+        key = env_var(POOL_PREFIX + rest)
         prefix = max((p for p in by_prefix if rest.startswith(p)), key=len, default=None)
         if prefix is None:
             field = next((f for f in ENV_FIELDS if rest.endswith("_" + f)), "")
@@ -163,7 +150,8 @@ def _build(name: str, merged: dict[str, Any], settings: Settings, path: Path, on
     try:
         pool = msgspec.convert(merged, PoolConfig, strict=False)
     except msgspec.ValidationError as exc:
-        raise PoolConfigError(f"pool {name!r} in {path} (or PARLEY_POOL_{_env_name(name)}_*): {exc}") from exc
+        raise PoolConfigError(f"pool {name!r} in {path} (or {env_var(POOL_PREFIX + _env_name(name))}_*): {exc}"
+                              ) from exc
     if pool.max_num_seqs < 1 or pool.max_model_len < 1 or pool.kv_cache_gib <= 0:
         raise PoolConfigError(f"pool {name!r}: max_num_seqs, max_model_len and kv_cache_gib must be positive")
     return pool

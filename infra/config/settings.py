@@ -1,33 +1,27 @@
 """One typed settings object per process, built once from the environment.
 
-Every default runs locally with no configuration at all. Handlers never read
-``os.environ``; they receive a ``Settings`` (or the part of it they need).
+Every ``PARLEY_*`` variable is named here and nowhere else (a unit test holds the rest of the code to it):
+``VARS`` is the one table, read by ``from_env`` and written back by ``to_env`` for child processes. Every
+default runs locally with no configuration at all. Handlers never read ``os.environ``; they receive a
+``Settings`` (or the part of it they need).
 """
 from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
+
+PREFIX = "PARLEY_"
+POOL_PREFIX = "POOL_"  # PARLEY_POOL_<NAME>_<FIELD>: one field of one engine pool
+CONFIG_DIR = Path(__file__).resolve().parent
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"PARLEY_{name}", default)
-
-
-def _env_int(name: str, default: int) -> int:
-    return int(_env(name, str(default)))
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = _env(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"PARLEY_{name} must be true or false, not {raw!r}")
+def env_var(name: str) -> str:
+    """The full variable name for ``name`` (``GATEWAY_PORT`` -> ``PARLEY_GATEWAY_PORT``), for messages."""
+    return f"{PREFIX}{name}"
 
 
 def is_loopback(host: str) -> bool:
@@ -37,6 +31,27 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"must be true or false, not {raw!r}")
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in raw.split(",") if n.strip())
+
+
+def _path(raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+def _optional_int(raw: str) -> int | None:
+    return int(raw) if raw.strip() else None
 
 
 @dataclass(frozen=True)
@@ -68,35 +83,57 @@ class Settings:
     kafka_send_timeout_s: float = 3.0  # a send Kafka has not acknowledged by then is a 503
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
     cursor_secret: str = ""  # signs page cursors; empty: a random key kept in the state folder
+    # admission
+    route_small_max_chars: int | None = None  # None: the short-message classifier is off
+    min_visible_chars: int = 1
+    history_allowance: int = 1_000  # tokens reserved for earlier turns before the prompt build trues it up
+    # quota and reaper
+    reservation_ttl_s: float = 300.0
+    reaper_interval_s: float = 30.0
+    # configuration files
+    plans_file: Path = CONFIG_DIR / "plans.toml"
+    pools_file: Path = CONFIG_DIR / "pools.toml"
+    canned_file: Path = CONFIG_DIR / "canned.toml"
+    pool_overrides: tuple[tuple[str, str], ...] = ()  # ("LARGE_MAX_SEQS", "32"): PARLEY_POOL_<NAME>_<FIELD>
+    debug: tuple[str, ...] = ()  # loggers run at DEBUG
+    token: str = ""  # the terminal chat client's bearer token
 
     @classmethod
-    def from_env(cls) -> Settings:
-        ports = Ports(
-            kafka=_env_int("KAFKA_PORT", Ports.kafka),
-            kafka_controller=_env_int("KAFKA_CONTROLLER_PORT", Ports.kafka_controller),
-            cassandra=_env_int("CASSANDRA_PORT", Ports.cassandra),
-            cassandra_storage=_env_int("CASSANDRA_STORAGE_PORT", Ports.cassandra_storage),
-            cassandra_jmx=_env_int("CASSANDRA_JMX_PORT", Ports.cassandra_jmx),
-            redis=_env_int("REDIS_PORT", Ports.redis),
-            gateway=_env_int("GATEWAY_PORT", Ports.gateway),
-        )
-        return cls(
-            ports=ports,
-            cache_dir=Path(_env("CACHE_DIR", str(cls.cache_dir))).expanduser(),
-            state_dir=Path(_env("STATE_DIR", str(cls.state_dir))).expanduser(),
-            keyspace=_env("KEYSPACE", cls.keyspace),
-            topic_prefix=_env("TOPIC_PREFIX", cls.topic_prefix),
-            kafka_heap_mb=_env_int("KAFKA_HEAP_MB", cls.kafka_heap_mb),
-            cassandra_heap_mb=min(_env_int("CASSANDRA_HEAP_MB", cls.cassandra_heap_mb), 1024),
-            default_pool=_env("DEFAULT_POOL", cls.default_pool),
-            prompt_budget_tokens=_env_int("PROMPT_BUDGET_TOKENS", cls.prompt_budget_tokens),
-            max_message_chars=_env_int("MAX_MESSAGE_CHARS", cls.max_message_chars),
-            reader_timeout_s=float(_env("READER_TIMEOUT_S", str(cls.reader_timeout_s))),
-            admission_wait_s=float(_env("ADMISSION_WAIT_S", str(cls.admission_wait_s))),
-            kafka_send_timeout_s=float(_env("KAFKA_SEND_TIMEOUT_S", str(cls.kafka_send_timeout_s))),
-            local_mode=_env_bool("LOCAL_MODE", is_loopback(cls.host)),
-            cursor_secret=_env("CURSOR_SECRET", cls.cursor_secret),
-        )
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        ports: dict[str, Any] = {}
+        for var in VARS:
+            raw = environ.get(env_var(var.name))
+            if raw is None or (raw == "" and var.parse is not str):
+                continue
+            try:
+                parsed = var.parse(raw)
+            except ValueError as exc:
+                raise ValueError(f"{env_var(var.name)}: {exc}") from exc
+            (ports if var.port else values)[var.field] = parsed
+        full = env_var(POOL_PREFIX)
+        values["pool_overrides"] = tuple(sorted((k[len(full):], v) for k, v in environ.items() if k.startswith(full)))
+        values.setdefault("local_mode", is_loopback(cls.host))
+        values["cassandra_heap_mb"] = min(values.get("cassandra_heap_mb", cls.cassandra_heap_mb), 1024)
+        return cls(ports=Ports(**ports), **values)
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that make ``from_env()`` in a child process equal this object, so a process started
+        for a private stack (other ports, other state folder) talks to that stack."""
+        env: dict[str, str] = {}
+        for var in VARS:
+            value = getattr(self.ports if var.port else self, var.field)
+            if value is None or value == () or value == "":
+                continue
+            if isinstance(value, bool):
+                env[env_var(var.name)] = "true" if value else "false"
+            elif isinstance(value, tuple):
+                env[env_var(var.name)] = ",".join(value)
+            else:
+                env[env_var(var.name)] = str(value)
+        env.update({env_var(POOL_PREFIX + k): v for k, v in self.pool_overrides})
+        return env
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -108,3 +145,50 @@ class Settings:
     @property
     def redis_url(self) -> str:
         return f"redis://{self.host}:{self.ports.redis}/0"
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str  # after PARLEY_
+    field: str  # the Settings (or Ports) field
+    parse: Callable[[str], Any]
+    port: bool = False
+
+
+def _port(name: str, field_name: str) -> Var:
+    return Var(name, field_name, int, port=True)
+
+
+VARS: tuple[Var, ...] = (
+    _port("KAFKA_PORT", "kafka"),
+    _port("KAFKA_CONTROLLER_PORT", "kafka_controller"),
+    _port("CASSANDRA_PORT", "cassandra"),
+    _port("CASSANDRA_STORAGE_PORT", "cassandra_storage"),
+    _port("CASSANDRA_JMX_PORT", "cassandra_jmx"),
+    _port("REDIS_PORT", "redis"),
+    _port("GATEWAY_PORT", "gateway"),
+    Var("CACHE_DIR", "cache_dir", _path),
+    Var("STATE_DIR", "state_dir", _path),
+    Var("KEYSPACE", "keyspace", str),
+    Var("TOPIC_PREFIX", "topic_prefix", str),
+    Var("KAFKA_HEAP_MB", "kafka_heap_mb", int),
+    Var("CASSANDRA_HEAP_MB", "cassandra_heap_mb", int),
+    Var("DEFAULT_POOL", "default_pool", str),
+    Var("PROMPT_BUDGET_TOKENS", "prompt_budget_tokens", int),
+    Var("MAX_MESSAGE_CHARS", "max_message_chars", int),
+    Var("READER_TIMEOUT_S", "reader_timeout_s", float),
+    Var("ADMISSION_WAIT_S", "admission_wait_s", float),
+    Var("KAFKA_SEND_TIMEOUT_S", "kafka_send_timeout_s", float),
+    Var("CURSOR_SECRET", "cursor_secret", str),
+    Var("LOCAL_MODE", "local_mode", _bool),
+    Var("ROUTE_SMALL_MAX_CHARS", "route_small_max_chars", _optional_int),
+    Var("MIN_VISIBLE_CHARS", "min_visible_chars", int),
+    Var("HISTORY_ALLOWANCE", "history_allowance", int),
+    Var("RESERVATION_TTL_S", "reservation_ttl_s", float),
+    Var("REAPER_INTERVAL_S", "reaper_interval_s", float),
+    Var("PLANS_FILE", "plans_file", _path),
+    Var("POOLS_FILE", "pools_file", _path),
+    Var("CANNED_FILE", "canned_file", _path),
+    Var("DEBUG", "debug", _names),
+    Var("TOKEN", "token", str),
+)

@@ -29,7 +29,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from infra.config.settings import Settings
+from infra.config.pools import PoolConfigError, load_pools
+from infra.config.settings import POOL_PREFIX, Settings, env_var
+from infra.local import topology
 from infra.local.errors import PortInUse, StackError
 from infra.local.services import apps, java, process
 from infra.local.services.apps import App, AppSpec, LogWatch
@@ -37,6 +39,7 @@ from infra.local.services.base import Probe, Service
 from infra.local.services.cassandra import Cassandra
 from infra.local.services.kafka import Kafka
 from infra.local.services.redis import Redis
+from infra.stores.cql import migrate
 
 log = logging.getLogger(__name__)
 
@@ -141,27 +144,14 @@ def up(
                 except StackError as exc:
                     errors.append(exc)
         if errors:
-            raise (
-                errors[0]
-                if len(errors) == 1
-                else StackError(
-                    f"{len(errors)} services failed to start", log_tail="\n\n".join(str(e) for e in errors)
-                )
-            )
+            _fail(errors, "services failed to start")
 
     _post_start(settings, console)
     return [_status_of(s, results[s.name][0], plan[s.name][1], results[s.name][1]) for s in stack]
 
 
-def _optional_step(label: str, module: str, attr: str, settings: Settings, console: Console | None) -> None:
-    """Run ``module.attr(settings)``; skip, with a note, while that module is not written yet."""
-    try:
-        mod = __import__(module, fromlist=[attr])
-        fn: Callable[[Settings], object] = getattr(mod, attr)
-    except (ImportError, AttributeError) as exc:
-        log.warning("%s skipped: not available yet (%s)", label, exc)
-        _say(console, f"{label}: skipped: not available yet ({exc})")
-        return
+def _step(label: str, fn: Callable[[Settings], object], settings: Settings, console: Console | None) -> None:
+    """Run ``fn(settings)`` and say how long it took and what it changed."""
     began = time.monotonic()
     result = fn(settings)
     summary = ""
@@ -176,8 +166,8 @@ def _optional_step(label: str, module: str, attr: str, settings: Settings, conso
 
 
 def _post_start(settings: Settings, console: Console | None) -> None:
-    _optional_step("cql migrations", "infra.stores.cql.migrate", "apply", settings, console)
-    _optional_step("kafka topics", "topics.admin", "ensure_topics", settings, console)
+    _step("cql migrations", migrate.apply, settings, console)
+    _step("kafka topics", topology.ensure_topics, settings, console)
 
 
 # ------------------------------------------------------------------------------------------- down
@@ -276,14 +266,12 @@ def app_specs(settings: Settings, *, workers: bool = True) -> list[AppSpec]:
     """The service processes for the current configuration: a worker per pool in ``load_pools``."""
     pools: list[str] = []
     if workers:
-        from infra.config.pools import PoolConfigError, load_pools
-
         try:
             pools = list(load_pools(settings))
         except PoolConfigError as exc:
             raise StackError(
                 f"engine pools: {exc}",
-                hint="fix infra/config/pools.toml, PARLEY_POOLS_FILE or the PARLEY_POOL_* variable it names; "
+                hint=f"fix {settings.pools_file} or the {env_var(POOL_PREFIX)}* variable it names; "
                 "or start without workers: `parley up --no-workers`",
             ) from exc
     return apps.specs(settings, pools, workers=workers)
@@ -324,7 +312,7 @@ def start_apps(
                 raise PortInUse(
                     f"{app.name}: port {app.spec.port} on {settings.host} is in use by "
                     f"{process.describe_holders(app.spec.port or 0)}, which `parley up` did not start",
-                    hint=f"stop that process, or choose another port (PARLEY_{app.spec.kind.upper()}_PORT)",
+                    hint=f"stop that process, or choose another port ({env_var(app.spec.kind.upper() + '_PORT')})",
                 )
             to_launch.append(app)
         for app in to_launch:

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
+from infra.local.wiring import PIPELINE, build_stages
 from infra.stores.retry import HEALTH
+from topics.runner import run_stages
 
-STAGES = ("admission", "prompt", "scheduler", "persistence", "settlement", "reaper", "usage-rollup", "abandoned")
+STAGES = tuple(PIPELINE)
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -23,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logconfig.configure()
-    asyncio.run(_main(Settings.from_env(), tuple(args.only or STAGES)))
+    settings = Settings.from_env()
+    logconfig.configure(settings.debug)
+    asyncio.run(_main(settings, tuple(args.only or STAGES)))
     return 0
 
 
@@ -33,7 +36,7 @@ def health_path(settings: Settings) -> Path:
 
 
 def write_health(settings: Settings, waiting: dict[str, tuple[str, float]]) -> None:
-    """Which stage waits for which store, since when (empty: all healthy); read by `parley status`."""
+    """Which stage waits for which store, since when (empty: all healthy)."""
     path = health_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {stage: {"waiting_for": dep, "since": since} for stage, (dep, since) in waiting.items()}
@@ -43,9 +46,6 @@ def write_health(settings: Settings, waiting: dict[str, tuple[str, float]]) -> N
 
 
 async def _main(settings: Settings, names: tuple[str, ...]) -> None:
-    from consumers.stage import run_stages
-    from infra.local.wiring import build_stages
-
     stages, close = await build_stages(settings, names)
     HEALTH.listeners.append(lambda waiting: write_health(settings, waiting))
     write_health(settings, {})
@@ -57,5 +57,3 @@ async def _main(settings: Settings, names: tuple[str, ...]) -> None:
         await run_stages(*stages)
     finally:
         await close()
-
-

@@ -1,104 +1,122 @@
-"""Build the pipeline's stages from settings: the one place that knows what each stage needs."""
+"""The pipeline in one declaration: which stages ``parley stages`` runs, in the order a message meets them,
+and what each one is built from. Every stage is handed its stores; none reads configuration itself.
+
+    gateway -> chat.requests -> ADMISSION -> chat.admitted -> PROMPT -> chat.prompts -> SCHEDULER
+      -> generate.<pool>.<lane> -> (generation workers, `parley worker`) -> chat.tokens / chat.replies
+      chat.replies -> PERSISTENCE, SETTLEMENT -> usage -> USAGE_ROLLUP;  REAPER sweeps what settlement missed
+      chat.tokens -> ABANDONED -> chat.control
+"""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from infra.config.plans import load_plans
+from consumers import admission
+from consumers.abandoned import AbandonedDetector
+from consumers.prompt import builder
+from consumers.prompt.tokenizer import ChatTokenizer, tokenizer_for
+from consumers.scheduler.stage import SchedulerStage
+from consumers.stage import Stage
+from infra.config.plans import Plan, load_plans
+from infra.config.pools import PoolConfig, load_pools
 from infra.config.settings import Settings
+from infra.local.model import ready_pool
 from infra.stores.conversations import Conversations
+from infra.stores.quota import Quota
 from infra.stores.records import Records
 from infra.stores.session import AsyncSession, connect
+from schemas import RequestAdmitted
+from streams import persistence, settlement, usage_rollup
+from streams.app import FaustStage, make_app
+from streams.reaper import Reaper
 from topics import Topics
+from topics.catalogue import ABANDONED, ADMISSION, PERSISTENCE, PROMPT, REAPER, SCHEDULER, SETTLEMENT, USAGE_ROLLUP
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the stages of one process share: settings, configuration and store clients."""
+
+    settings: Settings
+    plans: dict[str, Plan]
+    pools: dict[str, PoolConfig]
+    redis: Any
+    db: AsyncSession
+    quota: Quota
+    topics: Topics
+
+    def tokenizer(self, pool: str) -> ChatTokenizer:
+        return tokenizer_for(str(self.pools[pool].model_path))
+
+
+def admission_stage(r: Resources) -> Stage:
+    return admission.build_stage(r.settings, r.quota, r.plans, r.pools)
+
+
+def prompt_stage(r: Resources) -> Stage:
+    prompts = builder.PromptBuilder(Conversations(r.db), Records(r.db), r.topics, r.tokenizer,
+                                    r.settings.prompt_budget_tokens, lambda pool: r.pools[pool].max_model_len,
+                                    quota=r.quota)
+    # Keyed by conversation: turns of one conversation are placed in order; other conversations concurrently.
+    return Stage(builder.ROLE, r.settings, (RequestAdmitted,), prompts.handle, per_key=True)
+
+
+def scheduler_stage(r: Resources) -> SchedulerStage:
+    return SchedulerStage(r.settings, r.plans, r.pools)
+
+
+def persistence_stage(r: Resources) -> FaustStage:
+    app = make_app(PERSISTENCE, r.settings)
+    saver = persistence.Persistence(Conversations(r.db), Records(r.db), r.redis, r.topics,
+                                    r.tokenizer("small").chat_ids)
+    persistence.build_app(app, saver, r.topics)
+    return FaustStage(PERSISTENCE, app)
+
+
+def settlement_stage(r: Resources) -> FaustStage:
+    return FaustStage(SETTLEMENT, settlement.build_app(r.settings, r.quota))
+
+
+def reaper_stage(r: Resources) -> Reaper:
+    return Reaper(r.settings, r.quota, interval_s=r.settings.reaper_interval_s)
+
+
+def usage_rollup_stage(r: Resources) -> FaustStage:
+    return FaustStage(USAGE_ROLLUP, usage_rollup.build_app(r.settings, Records(r.db)))
+
+
+def abandoned_stage(r: Resources) -> AbandonedDetector:
+    return AbandonedDetector(r.settings, r.redis)
+
+
+# The pipeline: stage name (its consumer group) -> how it is built, in the order a message passes them.
+PIPELINE: dict[str, Callable[[Resources], Any]] = {
+    ADMISSION: admission_stage,
+    PROMPT: prompt_stage,
+    SCHEDULER: scheduler_stage,
+    PERSISTENCE: persistence_stage,
+    SETTLEMENT: settlement_stage,
+    REAPER: reaper_stage,
+    USAGE_ROLLUP: usage_rollup_stage,
+    ABANDONED: abandoned_stage,
+}
 
 
 async def build_stages(settings: Settings, names: tuple[str, ...]) -> tuple[list[Any], Callable[[], Awaitable[None]]]:
-    from consumers.prompt.tokenizer import tokenizer_for
-    from infra.config.pools import load_pools
-    from infra.local.model import ready_pool as load_pool
-
-    pools = {name: load_pool(name, settings) for name in load_pools(settings)}
-    plans = load_plans()
+    """The named stages, built over one set of clients; and the coroutine that closes those clients."""
+    pools = {name: ready_pool(name, settings) for name in load_pools(settings)}
+    plans = load_plans(settings.plans_file)
     redis = aioredis.Redis.from_url(settings.redis_url)
     cluster, session = connect(settings)
-    db = AsyncSession(session)
-    topics = Topics(settings.topic_prefix)
-
-    def tokenizer(pool: str) -> Any:
-        return tokenizer_for(str(pools[pool].model_path))
-
-    builders: dict[str, Callable[[], Any]] = {
-        "admission": lambda: _admission(settings, redis, plans, pools),
-        "prompt": lambda: _prompt(settings, db, topics, tokenizer, pools, plans, redis),
-        "scheduler": lambda: _scheduler(settings, plans, pools),
-        "persistence": lambda: _persistence(settings, db, redis, topics, tokenizer),
-        "settlement": lambda: _streams("settlement", settings, redis, db, plans),
-        "reaper": lambda: _streams("reaper", settings, redis, db, plans),
-        "usage-rollup": lambda: _streams("usage-rollup", settings, redis, db, plans),
-        "abandoned": lambda: _abandoned(settings, redis),
-    }
-    stages = [builders[name]() for name in names]
+    resources = Resources(settings, plans, pools, redis, AsyncSession(session),
+                          Quota.configured(redis, plans, settings), Topics(settings.topic_prefix, pools))
+    stages = [PIPELINE[name](resources) for name in names]
 
     async def close() -> None:
         await redis.aclose()
         cluster.shutdown()
 
     return stages, close
-
-
-def _admission(settings: Settings, redis: Any, plans: Any, pools: Any) -> Any:
-    from consumers.admission import build_stage
-
-    return build_stage(settings, redis, plans)
-
-
-def _prompt(settings: Settings, db: AsyncSession, topics: Topics, tokenizer: Any, pools: Any, plans: Any,
-            redis: Any) -> Any:
-    from consumers.prompt.builder import PromptBuilder
-    from consumers.stage import Stage
-    from schemas import RequestAdmitted
-
-    builder = PromptBuilder(Conversations(db), Records(db), topics, tokenizer, settings.prompt_budget_tokens,
-                            lambda pool: pools[pool].max_model_len, quota=_quota(redis, plans))
-    # Keyed by conversation: turns of one conversation are placed in order; other conversations concurrently.
-    return Stage("prompt", settings, "admitted", (RequestAdmitted,), builder.handle, per_key=True)
-
-
-def _scheduler(settings: Settings, plans: Any, pools: Any) -> Any:
-    from consumers.scheduler.stage import SchedulerStage
-
-    return SchedulerStage(settings, plans, pools)
-
-
-def _persistence(settings: Settings, db: AsyncSession, redis: Any, topics: Topics, tokenizer: Any) -> Any:
-    from streams.app import FaustStage, make_app
-    from streams.persistence import Persistence, build_app
-
-    app = make_app("persistence", settings)
-    persistence = Persistence(Conversations(db), Records(db), redis, topics, tokenizer("small").chat_ids)
-    build_app(app, persistence, topics)
-    return FaustStage("persistence", app)
-
-
-def _abandoned(settings: Settings, redis: Any) -> Any:
-    from consumers.abandoned import AbandonedDetector
-
-    return AbandonedDetector(settings, redis)
-
-
-def _streams(name: str, settings: Settings, redis: Any, db: AsyncSession, plans: Any) -> Any:
-    """Settlement, reaper and usage rollup (streams/): each module exposes ``build_stage``."""
-    import importlib
-
-    module = importlib.import_module(f"streams.{name.replace('-', '_')}")
-    return module.build_stage(settings, redis, db, plans)
-
-
-def _quota(redis: Any, plans: Any) -> Any:
-    try:
-        from infra.stores.quota import Quota
-    except ImportError:
-        return None
-    return Quota(redis, plans)

@@ -12,13 +12,13 @@ these scripts far faster than the seed's 35 requests a second need.
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from infra.config.plans import Plan
+from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.quota_outcomes import (
     Refusal,
@@ -68,13 +68,10 @@ class Quota:
         self._published = redis.register_script(_script("published"))
 
     @classmethod
-    def configured(cls, redis: Any, plans: Mapping[str, Plan], scope: str = "",
-                   environ: Mapping[str, str] | None = None) -> Quota:
+    def configured(cls, redis: Any, plans: Mapping[str, Plan], settings: Settings) -> Quota:
         """The process's quota, built once at start-up. Every process that reserves or settles must agree on
-        ``scope`` (pass the topic prefix) and the reservation lifetime (``PARLEY_RESERVATION_TTL_S``)."""
-        environ = os.environ if environ is None else environ
-        return cls(redis, plans, scope=scope,
-                   reservation_ttl_s=float(environ.get("PARLEY_RESERVATION_TTL_S", 300)))
+        the scope (the topic prefix) and the reservation lifetime (``Settings.reservation_ttl_s``)."""
+        return cls(redis, plans, scope=settings.topic_prefix, reservation_ttl_s=settings.reservation_ttl_s)
 
     async def reserve(self, user_id: str, plan_name: str, generation_id: str, prompt_estimate: int,
                       now: float | None = None, *, reply_cap: int | None = None,

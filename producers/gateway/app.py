@@ -35,7 +35,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan,
                   description="A chat service that streams LLM replies token by token over an event pipeline.")
     app.state.gateway = gateway
-    _error_handlers(app)
+    install_error_handlers(app)
     from producers.gateway import (
         routes_chat,
         routes_conversations,
@@ -59,7 +59,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     return app
 
 
-def _error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return _render(request, exc)

@@ -3,41 +3,32 @@ from __future__ import annotations
 
 import argparse
 
+import redis.asyncio as aioredis
 import uvicorn
+from fastapi import FastAPI
 
 from infra.config import logs as logconfig
-from infra.config.settings import Settings
+from infra.config.plans import load_plans
+from infra.config.pools import load_pools
+from infra.config.settings import Settings, env_var
+from infra.stores.quota import Quota
+from producers.gateway.app import create_app
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument("--port", type=int, default=None, help="default: PARLEY_GATEWAY_PORT or 8000")
+    parser.add_argument("--port", type=int, default=None, help=f"default: {env_var('GATEWAY_PORT')} or 8000")
     parser.add_argument("--host", default="127.0.0.1")
 
 
 def run(args: argparse.Namespace) -> int:
-    logconfig.configure()
     settings = Settings.from_env()
+    logconfig.configure(settings.debug)
     uvicorn.run(build(settings), host=args.host, port=args.port or settings.ports.gateway, log_level="warning",
                 access_log=False)
     return 0
 
 
-def build(settings: Settings):  # type: ignore[no-untyped-def]
-    from infra.config.pools import load_pools
-    from producers.gateway.app import create_app
-
+def build(settings: Settings) -> FastAPI:
     pools = load_pools(settings)
-    return create_app(settings, {name: cfg.served_model_name for name, cfg in pools.items()},
-                      quota=_quota(settings))
-
-
-def _quota(settings: Settings) -> object | None:
-    try:
-        from infra.stores.quota import Quota
-    except ImportError:
-        return None
-    import redis.asyncio as aioredis
-
-    from infra.config.plans import load_plans
-
-    return Quota(aioredis.Redis.from_url(settings.redis_url), load_plans())
+    quota = Quota(aioredis.Redis.from_url(settings.redis_url), load_plans(settings.plans_file))
+    return create_app(settings, {name: cfg.served_model_name for name, cfg in pools.items()}, quota=quota)

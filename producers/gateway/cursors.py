@@ -56,7 +56,7 @@ class Cursors:
 
 
 def cursor_key(settings: Settings) -> bytes:
-    """``PARLEY_CURSOR_SECRET``, or a random key kept in the state folder (shared by the local gateways)."""
+    """The configured cursor secret, or a random key kept in the state folder (shared by the local gateways)."""
     if settings.cursor_secret:
         return settings.cursor_secret.encode()
     path = Path(settings.state_dir) / "cursor.key"

@@ -15,8 +15,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas import EventDecodeError, GenerationFinished, RequestRefused, decode
-from topics.clients import make_consumer, topic_partitions
 from topics.partitioning import partition_for
+from topics.replay import open_reader, read_to_end
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +37,10 @@ class TokenRelay:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.consumer = make_consumer(self.bootstrap, group_id=None)
-        await self.consumer.start()
-        parts = await topic_partitions(self.consumer, self.topic)
-        self.partitions = len(parts)
-        tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
-        self.consumer.assign(tps)
-        await self.consumer.seek_to_end(*tps)
-        for tp in tps:
-            await self.consumer.position(tp)  # resolve "end" now, so nothing produced after start() is missed
+        tail = await open_reader(self.bootstrap, self.topic)
+        self.consumer, self.partitions = tail.consumer, len(tail.partitions)
+        for tp in tail.partitions:
+            self.consumer.seek(tp, tail.ends[tp])  # "end" resolved now: nothing produced after start() is missed
         self._task = asyncio.create_task(self._tail(), name="token-relay")
 
     async def stop(self) -> None:
@@ -91,28 +86,23 @@ class TokenRelay:
         """``offset`` as a resume point: None when it is another generation's event (no stream of this
         one sent it); the partition's last offset when it lies past the end (nothing to replay; the
         stream then ends with the final state, or follows a live generation from here)."""
-        tp = self.partition_of(generation_id)
-        reader = make_consumer(self.bootstrap, group_id=None, fetch_max_wait_ms=5,
-                               max_partition_fetch_bytes=REPLAY_FETCH_BYTES)
-        await reader.start()
+        reader = await open_reader(self.bootstrap, self.topic, key=generation_id, fetch_max_wait_ms=5,
+                                   max_partition_fetch_bytes=REPLAY_FETCH_BYTES)
+        tp = reader.partitions[0]
         try:
-            reader.assign([tp])
-            start_of_log = (await reader.beginning_offsets([tp]))[tp]
-            end = (await reader.end_offsets([tp]))[tp]
+            end = reader.ends[tp]
             if offset >= end:
                 return end - 1
-            if offset < start_of_log:
+            if offset < (await reader.consumer.beginning_offsets([tp]))[tp]:
                 return offset  # aged out: the saved reply is served
-            reader.seek(tp, offset)
-            for _ in range(20):  # a transaction marker's offset yields a later record first
-                records = (await reader.getmany(tp, timeout_ms=500)).get(tp, [])
-                if records:
-                    first = records[0]
-                    foreign = first.offset == offset and (first.key or b"").decode() != generation_id
-                    return None if foreign else offset
+            reader.consumer.seek(tp, offset)
+            async for record in read_to_end(reader, tp, timeout_ms=500):
+                # A transaction marker's offset yields a later record first: only that exact one can be foreign.
+                foreign = record.offset == offset and (record.key or b"").decode() != generation_id
+                return None if foreign else offset
             return offset
         finally:
-            await reader.stop()
+            await reader.close()
 
     async def final_event(self, generation_id: str, since_ms: int) -> tuple[int, Any] | None:
         """The generation's last event (finished or refused) if the buffer holds it, else None."""
@@ -123,33 +113,22 @@ class TokenRelay:
 
     async def replay(self, generation_id: str, after: int | None, since_ms: int) -> AsyncIterator[tuple[int, Any]]:
         """Events of one generation after offset ``after`` (or since ``since_ms``) up to the partition's end now."""
-        tp = self.partition_of(generation_id)
         # Small fetches: the first replayed event reaches the client after 64 KiB is read, not after 1 MiB
         # of other generations' records sharing the partition.
-        reader = make_consumer(self.bootstrap, group_id=None, fetch_max_wait_ms=5,
-                               max_partition_fetch_bytes=REPLAY_FETCH_BYTES)
-        await reader.start()
+        reader = await open_reader(self.bootstrap, self.topic, key=generation_id,
+                                   since_ms=since_ms if after is None else None, fetch_max_wait_ms=5,
+                                   max_partition_fetch_bytes=REPLAY_FETCH_BYTES)
+        tp = reader.partitions[0]
         try:
-            reader.assign([tp])
-            start_of_log = (await reader.beginning_offsets([tp]))[tp]
-            end = (await reader.end_offsets([tp]))[tp]
             if after is not None:
-                if after + 1 < start_of_log:
+                if after + 1 < (await reader.consumer.beginning_offsets([tp]))[tp]:
                     raise Aged(generation_id)
-                start = after + 1
-            else:
-                found = (await reader.offsets_for_times({tp: since_ms}))[tp]
-                start = found.offset if found else end
-            reader.seek(tp, start)
-            position = start
-            while position < end:
-                batch = await reader.getmany(tp, timeout_ms=500)
-                for record in batch.get(tp, []):
-                    position = record.offset + 1
-                    if record.key and record.key.decode() == generation_id and record.offset < end:
-                        try:
-                            yield record.offset, decode(record.value)
-                        except EventDecodeError:
-                            continue
+                reader.consumer.seek(tp, after + 1)
+            async for record in read_to_end(reader, tp, timeout_ms=500):
+                if record.key and record.key.decode() == generation_id:
+                    try:
+                        yield record.offset, decode(record.value)
+                    except EventDecodeError:
+                        continue
         finally:
-            await reader.stop()
+            await reader.close()

@@ -21,10 +21,13 @@ from infra.stores.records import Records
 from infra.stores.session import AsyncSession, connect
 from producers.gateway.cursors import Cursors, cursor_key
 from producers.gateway.relay import TokenRelay
-from topics import Topics
+from topics import Role, Topics
+from topics.catalogue import CONTROL, GATEWAY, REQUESTS, TOKENS
 from topics.clients import make_producer
 
 OWNER_TTL_S = 7 * 24 * 3600
+# The gateway reads chat.tokens by assigning partitions (relay.py), without a group.
+ROLE = Role(GATEWAY, reads=(TOKENS,), writes=(REQUESTS, CONTROL))
 
 
 @dataclass

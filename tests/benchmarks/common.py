@@ -24,6 +24,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from infra.config.pools import load_pools
 from infra.config.settings import Settings
 from schemas import EventDecodeError, GenerationFinished, decode
 from tests.e2e.service import Proc, Service
@@ -89,7 +90,7 @@ async def bench_settings(tag: str) -> Settings:
 
     settings = Settings.from_env().with_(keyspace=KEYSPACE, topic_prefix=f"b{tag}{uuid.uuid4().hex[:6]}.")
     apply(settings)
-    await ensure_topics_async(settings.kafka_bootstrap, settings.topic_prefix)
+    await ensure_topics_async(settings.kafka_bootstrap, settings.topic_prefix, load_pools(settings))
     return settings
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from infra.config.settings import Settings
-from topics.admin import ensure_topics
+from infra.local.topology import ensure_topics
 
 
 def free_port() -> int:

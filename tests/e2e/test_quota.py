@@ -7,6 +7,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from infra.config.plans import load_plans
+from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from schemas import new_id
 from tests.e2e.client import collect
@@ -52,9 +53,10 @@ async def test_over_budget_is_refused_before_any_stream(service: Service, http: 
                                                          bob: Caller) -> None:
     redis = aioredis.Redis.from_url(service.settings.redis_url)
     try:
-        quota = Quota(redis, load_plans(service.env), scope=service.settings.topic_prefix)
+        plans = load_plans(Settings.from_env(service.env).plans_file)
+        quota = Quota(redis, plans, scope=service.settings.topic_prefix)
         gid = new_id()
-        budget = load_plans(service.env)["free"].daily_tokens
+        budget = plans["free"].daily_tokens
         await quota.reserve(bob.user_id, "free", gid, 10)
         await quota.settle(gid, budget - 20, 0)  # the day's budget is spent
     finally:

@@ -7,6 +7,7 @@ from infra.config.settings import Settings
 from schemas import EventDeadLettered, GenerationFinished, RequestAdmitted, Usage, decode, new_id
 from streams.app import make_app, topic
 from topics import Topics
+from topics.catalogue import ADMITTED, PERSISTENCE, REPLIES, SETTLEMENT
 from topics.clients import make_consumer, make_producer, send
 
 
@@ -18,9 +19,9 @@ def finished_reply() -> GenerationFinished:
 
 async def test_faust_agent_reads_and_writes_typed_events(settings: Settings) -> None:
     topics = Topics(settings.topic_prefix)
-    app = make_app("faust-echo", settings)
-    replies = topic(app, topics, "replies")
-    out = topic(app, topics, "admitted")
+    app = make_app(PERSISTENCE, settings)  # a stage name: its id is the prefixed group
+    replies = topic(app, topics, REPLIES)
+    out = topic(app, topics, ADMITTED)
     seen: list[GenerationFinished] = []
 
     @app.agent(replies)
@@ -52,10 +53,10 @@ async def test_faust_agent_reads_and_writes_typed_events(settings: Settings) -> 
 
 async def test_faust_agent_dead_letters_an_undecodable_record_and_goes_on(settings: Settings) -> None:
     topics = Topics(settings.topic_prefix)
-    app = make_app("faust-deadletter", settings)
+    app = make_app(SETTLEMENT, settings)
     seen: list[GenerationFinished] = []
 
-    @app.agent(topic(app, topics, "replies"))
+    @app.agent(topic(app, topics, REPLIES))
     async def collect(stream):  # type: ignore[no-untyped-def]
         async for event in stream:
             seen.append(event)

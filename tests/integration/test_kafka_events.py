@@ -8,6 +8,7 @@ from aiokafka import TopicPartition
 from infra.config.settings import Settings
 from schemas import EventDeadLettered, MessageSubmitted, TokensAppended, decode, new_id
 from topics import Topics
+from topics.catalogue import ADMISSION, PROMPT
 from topics.clients import decode_or_deadletter, make_consumer, make_producer, send
 
 
@@ -19,7 +20,7 @@ def _message(i: int = 0) -> MessageSubmitted:
 async def test_typed_event_produced_and_consumed(settings: Settings) -> None:
     topics = Topics(settings.topic_prefix)
     producer = make_producer(settings.kafka_bootstrap)
-    consumer = make_consumer(settings.kafka_bootstrap, topics.requests, group_id=f"{topics.prefix}admission")
+    consumer = make_consumer(settings.kafka_bootstrap, topics.requests, group_id=topics.group(ADMISSION))
     await producer.start()
     await consumer.start()
     try:
@@ -38,7 +39,7 @@ async def test_typed_event_produced_and_consumed(settings: Settings) -> None:
 async def test_malformed_and_wrong_type_records_go_to_dead_letter(settings: Settings) -> None:
     topics = Topics(settings.topic_prefix)
     producer = make_producer(settings.kafka_bootstrap)
-    consumer = make_consumer(settings.kafka_bootstrap, topics.requests, group_id=f"{topics.prefix}admission")
+    consumer = make_consumer(settings.kafka_bootstrap, topics.requests, group_id=topics.group(ADMISSION))
     dead = make_consumer(settings.kafka_bootstrap, topics.deadletter, group_id=None)
     await producer.start()
     await consumer.start()
@@ -75,7 +76,7 @@ async def _assigned(consumer, timeout: float = 30) -> set[TopicPartition]:  # ty
 
 async def test_two_consumers_split_partitions_and_one_takes_over(settings: Settings) -> None:
     topics = Topics(settings.topic_prefix)
-    group = f"{topics.prefix}prompt"
+    group = topics.group(PROMPT)
     opts = dict(session_timeout_ms=6000, heartbeat_interval_ms=500)
     first = make_consumer(settings.kafka_bootstrap, topics.admitted, group_id=group, **opts)
     second = make_consumer(settings.kafka_bootstrap, topics.admitted, group_id=group, **opts)

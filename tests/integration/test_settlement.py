@@ -65,7 +65,7 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
     producer = make_producer(settings.kafka_bootstrap)
     await producer.start()
     rollup = usage_rollup.build_app(settings, records)
-    first = settlement.build_app(settings, redis_client, {"free": PLAN}, quota=quota)
+    first = settlement.build_app(settings, quota)
     await rollup.start()
     await first.start()
     try:
@@ -86,7 +86,7 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
         await first.stop()
         for r in replies[7:] + [replies[6], replies[0]]:
             await send(producer, topics.replies, r, key=r.conversation_id)
-        second = settlement.build_app(settings, redis_client, {"free": PLAN}, quota=quota)
+        second = settlement.build_app(settings, quota)
         await second.start()
         try:
             async def all_published() -> bool:

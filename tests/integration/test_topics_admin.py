@@ -3,6 +3,7 @@ import asyncio
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from infra.config.pools import load_pools
 from infra.config.settings import Settings
 from topics.admin import _current_configs, ensure_topics_async
 from topics.catalogue import MINUTE_MS
@@ -10,7 +11,7 @@ from topics.catalogue import MINUTE_MS
 
 async def test_ensure_topics_is_idempotent_and_corrects_drift(settings: Settings) -> None:
     prefix = settings.topic_prefix  # the fixture already created every topic
-    again = await ensure_topics_async(settings.kafka_bootstrap, prefix)
+    again = await ensure_topics_async(settings.kafka_bootstrap, prefix, load_pools(settings))
     assert set(again.values()) == {"ok"}
 
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
@@ -22,7 +23,7 @@ async def test_ensure_topics_is_idempotent_and_corrects_drift(settings: Settings
             if (await _current_configs(admin, [tokens]))[tokens]["retention.ms"] == "1234":
                 break
             await asyncio.sleep(0.1)
-        fixed = await ensure_topics_async(settings.kafka_bootstrap, prefix)
+        fixed = await ensure_topics_async(settings.kafka_bootstrap, prefix, load_pools(settings))
         assert fixed[tokens] == "reconfigured"
         assert {n: a for n, a in fixed.items() if a != "ok"} == {tokens: "reconfigured"}
         current = await _current_configs(admin, [tokens])

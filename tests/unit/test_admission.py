@@ -91,9 +91,16 @@ def test_route_requested_beats_classifier_and_classifier_is_off_by_default() -> 
 
 
 def test_classifier_configured_from_environment() -> None:
-    rules = AdmissionRules.from_settings(Settings(), {"PARLEY_ROUTE_SMALL_MAX_CHARS": "80"})
-    assert rules.route_small_max_chars == 80
-    assert AdmissionRules.from_settings(Settings(), {}).route_small_max_chars is None
+    rules = AdmissionRules.from_settings(Settings.from_env({"PARLEY_ROUTE_SMALL_MAX_CHARS": "80"}), ["large"])
+    assert rules.route_small_max_chars == 80 and rules.pools == ("large",)
+    assert AdmissionRules.from_settings(Settings.from_env({}), ["large"]).route_small_max_chars is None
+
+
+def test_unknown_pool_is_refused_with_the_configured_ones() -> None:
+    rules = AdmissionRules(pools=("tiny", "huge"))
+    refused = precheck(submitted("hi", pool="large"), rules)
+    assert refused is not None and refused.status == 422 and "tiny, huge" in refused.message
+    assert precheck(submitted("hi", pool="tiny"), rules) is None
 
 
 def test_estimate_grows_with_length_and_reply_cap_respects_max_tokens() -> None:

@@ -35,7 +35,7 @@ def test_past_deadline() -> None:
 
 async def test_admission_drops_a_late_request_without_reserving() -> None:
     quota = RecordingQuota()
-    admission = Admission(quota, load_plans({}), AdmissionRules(), Topics())  # type: ignore[arg-type]
+    admission = Admission(quota, load_plans(), AdmissionRules(), Topics())  # type: ignore[arg-type]
     assert await admission.handle(submitted(deadline=time.time() - 1)) == [] and quota.calls == []
 
 

@@ -10,12 +10,15 @@ from aiokafka import TopicPartition
 from cassandra.cluster import NoHostAvailable
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from consumers.stage import Out, Stage, run_stages
+from consumers.stage import Out, Stage
 from infra.config.settings import Settings
 from infra.stores.retry import HEALTH, until_stored
 from schemas import CancelRequested, EventDeadLettered, decode
 from streams.reaper import Reaper
 from tests.unit.test_stage import FakeConsumer, FakeProducer, Record, cancel
+from topics import Role
+from topics.catalogue import ADMISSION, CONTROL
+from topics.runner import Runner, run_stages
 
 
 class Flaky:
@@ -51,7 +54,7 @@ async def test_other_errors_are_not_retried() -> None:
 
 
 def _stage(handler: Any) -> tuple[Stage, FakeProducer]:
-    stage = Stage("test", Settings(), "control", (CancelRequested,), handler)
+    stage = Stage(Role(ADMISSION, reads=(CONTROL,), writes=()), Settings(), (CancelRequested,), handler)
     producer = FakeProducer()
     stage.producer, stage.consumer = producer, FakeConsumer(producer)  # type: ignore[assignment]
     return stage, producer
@@ -95,19 +98,20 @@ async def test_a_poison_record_is_dead_lettered_with_its_error_and_the_next_one_
     assert decode(dead[0].raw.encode()).generation_id == "bad"  # type: ignore[attr-defined]
 
 
-class Crashy:
+class Crashy(Runner):
     def __init__(self, name: str, crashes: int) -> None:
+        super().__init__()
         self.name, self.crashes, self.runs, self.resets = name, crashes, 0, 0
-        self.stopping = asyncio.Event()
+        self.stopping_ = asyncio.Event()
 
     async def run(self) -> None:
         self.runs += 1
         if self.runs <= self.crashes:
             raise RuntimeError("boom")
-        await self.stopping.wait()
+        await self.stopping_.wait()
 
     def stop(self) -> None:
-        self.stopping.set()
+        self.stopping_.set()
 
     def reset(self) -> None:
         self.resets += 1
@@ -118,7 +122,7 @@ async def test_a_failing_stage_is_restarted_alone_and_the_others_keep_running() 
     runner = asyncio.create_task(run_stages(crashy, steady, restart_s=0.01))
     while crashy.runs < 3:
         await asyncio.sleep(0.01)
-    assert steady.runs == 1 and not steady.stopping.is_set() and crashy.resets == 2
+    assert steady.runs == 1 and not steady.stopping_.is_set() and crashy.resets == 2
     crashy.stop()
     steady.stop()
     await asyncio.wait_for(runner, 5)

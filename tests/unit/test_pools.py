@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.config.pools import PoolConfigError, UnknownPoolError, load_pools, pool_config
+from infra.config.pools import PoolConfig, PoolConfigError, UnknownPoolError, load_pools, pool_config
 from infra.config.settings import Settings
 from infra.local.model import MODEL_NAME
 
@@ -15,8 +15,13 @@ def settings(tmp_path: Path) -> Settings:
     return Settings().with_(cache_dir=tmp_path / "cache")
 
 
+def _load(settings: Settings, environ: dict[str, str], *, on_gpu: bool) -> dict[str, PoolConfig]:
+    """The pools a process started with ``environ`` reads (its Settings come from that environment)."""
+    return load_pools(Settings.from_env(environ).with_(cache_dir=settings.cache_dir), on_gpu=on_gpu)
+
+
 def test_shipped_file_has_honest_cpu_defaults(settings: Settings) -> None:
-    pools = load_pools(settings, {}, on_gpu=False)
+    pools = _load(settings, {}, on_gpu=False)
 
     assert sorted(pools) == ["large", "small"]
     for pool in pools.values():
@@ -31,19 +36,13 @@ def test_shipped_file_has_honest_cpu_defaults(settings: Settings) -> None:
 
 
 def test_eager_only_without_a_gpu(settings: Settings) -> None:
-    assert not load_pools(settings, {}, on_gpu=True)["large"].enforce_eager
-
-
-def test_paid_lane_runs_before_free(settings: Settings) -> None:
-    pool = load_pools(settings, {}, on_gpu=False)["large"]
-
-    assert pool.priority_for("paid") < pool.priority_for("free") < pool.priority_for("unheard-of")
+    assert not _load(settings, {}, on_gpu=True)["large"].enforce_eager
 
 
 def test_env_overrides_one_field_of_one_pool(settings: Settings) -> None:
     env = {"PARLEY_POOL_LARGE_MAX_SEQS": "32", "PARLEY_POOL_SMALL_ENFORCE_EAGER": "false",
            "PARLEY_POOL_SMALL_KV_CACHE_GIB": "0.5"}
-    pools = load_pools(settings, env, on_gpu=False)
+    pools = _load(settings, env, on_gpu=False)
 
     assert pools["large"].max_num_seqs == 32
     assert pools["small"].max_num_seqs == 8
@@ -55,7 +54,7 @@ def test_pools_file_from_env_and_relative_model_dir(settings: Settings, tmp_path
     path = tmp_path / "pools.toml"
     path.write_text('[defaults]\nmax_model_len = 4096\n\n'
                     '[pools.gpu-big]\nmodel_dir = "models/big"\nserved_model_name = "Big"\nmax_num_seqs = 64\n')
-    pools = load_pools(settings, {"PARLEY_POOLS_FILE": str(path), "PARLEY_POOL_GPU_BIG_MAX_MODEL_LEN": "8192"},
+    pools = _load(settings, {"PARLEY_POOLS_FILE": str(path), "PARLEY_POOL_GPU_BIG_MAX_MODEL_LEN": "8192"},
                        on_gpu=True)
 
     big = pools["gpu-big"]
@@ -64,7 +63,7 @@ def test_pools_file_from_env_and_relative_model_dir(settings: Settings, tmp_path
 
 
 def test_unknown_pool_lists_the_valid_ones(settings: Settings) -> None:
-    pools = load_pools(settings, {}, on_gpu=False)
+    pools = _load(settings, {}, on_gpu=False)
 
     with pytest.raises(UnknownPoolError) as err:
         pool_config("huge", pools)
@@ -74,7 +73,7 @@ def test_unknown_pool_lists_the_valid_ones(settings: Settings) -> None:
 
 def test_env_naming_an_unknown_pool_is_refused(settings: Settings) -> None:
     with pytest.raises(UnknownPoolError, match="unknown pool 'huge'.*PARLEY_POOL_HUGE_MAX_SEQS"):
-        load_pools(settings, {"PARLEY_POOL_HUGE_MAX_SEQS": "4"}, on_gpu=False)
+        _load(settings, {"PARLEY_POOL_HUGE_MAX_SEQS": "4"}, on_gpu=False)
 
 
 @pytest.mark.parametrize(("env", "message"), [
@@ -85,7 +84,7 @@ def test_env_naming_an_unknown_pool_is_refused(settings: Settings) -> None:
 ])
 def test_bad_values_name_the_pool_and_field(settings: Settings, env: dict[str, str], message: str) -> None:
     with pytest.raises(PoolConfigError, match=message):
-        load_pools(settings, env, on_gpu=False)
+        _load(settings, env, on_gpu=False)
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -98,9 +97,9 @@ def test_bad_files_are_explained(settings: Settings, tmp_path: Path, text: str, 
     path.write_text(text)
 
     with pytest.raises(PoolConfigError, match=message):
-        load_pools(settings, {"PARLEY_POOLS_FILE": str(path)}, on_gpu=False)
+        _load(settings, {"PARLEY_POOLS_FILE": str(path)}, on_gpu=False)
 
 
 def test_missing_file_is_explained(settings: Settings, tmp_path: Path) -> None:
     with pytest.raises(PoolConfigError, match="does not exist"):
-        load_pools(settings, {"PARLEY_POOLS_FILE": str(tmp_path / "nope.toml")}, on_gpu=False)
+        _load(settings, {"PARLEY_POOLS_FILE": str(tmp_path / "nope.toml")}, on_gpu=False)

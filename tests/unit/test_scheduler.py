@@ -18,7 +18,7 @@ def _scheduler(busy: bool) -> Scheduler:
         for pool in ("large", "small"):
             for i in range(3):
                 queues.enqueued(f"{pool}{i}", pool, "free")
-    return Scheduler(Topics("t."), queues, load_plans({}), {"large": "L", "small": "S"},
+    return Scheduler(Topics("t."), queues, load_plans(), {"large": "L", "small": "S"},
                      CannedReplies({"hello": "prepared hi"}))
 
 

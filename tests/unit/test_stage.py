@@ -11,6 +11,8 @@ from aiokafka import TopicPartition
 from consumers.stage import Out, Stage
 from infra.config.settings import Settings
 from schemas import CancelRequested, encode
+from topics import Role
+from topics.catalogue import ADMISSION, CONTROL
 
 
 @dataclass
@@ -57,7 +59,8 @@ async def run_partition(per_key: bool) -> tuple[list[str], FakeConsumer]:
         log.append(f"end {event.generation_id}")
         return [Out("out", event, event.generation_id)]
 
-    stage = Stage("test", Settings(), "control", (CancelRequested,), handler, per_key=per_key)
+    stage = Stage(Role(ADMISSION, reads=(CONTROL,), writes=()), Settings(), (CancelRequested,), handler,
+                  per_key=per_key)
     producer = FakeProducer()
     stage.producer, stage.consumer = producer, FakeConsumer(producer)  # type: ignore[assignment]
     records = [Record(b"a", cancel("a1"), 10), Record(b"b", cancel("b1"), 11), Record(b"a", cancel("a2"), 12)]

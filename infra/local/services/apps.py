@@ -78,23 +78,6 @@ def parley_command(*args: str, executable: str | None = None) -> list[str]:
     return [str(python), "-m", "infra.local.cli", *args]
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """``PARLEY_*`` variables that make ``Settings.from_env()`` in a child equal ``settings``, so a
-    process started for a private stack (other ports, other state folder) talks to that stack."""
-    env: dict[str, str] = {}
-    for f in dataclasses.fields(settings.ports):
-        env[f"PARLEY_{f.name.upper()}_PORT"] = str(getattr(settings.ports, f.name))
-    for f in dataclasses.fields(settings):
-        if f.name in ("host", "ports"):
-            continue
-        value = getattr(settings, f.name)
-        if isinstance(value, bool):
-            env[f"PARLEY_{f.name.upper()}"] = "true" if value else "false"
-        elif isinstance(value, (str, int, float, Path)):
-            env[f"PARLEY_{f.name.upper()}"] = str(value)
-    return env
-
-
 def worker_name(pool: str) -> str:
     return f"worker-{pool}"
 
@@ -295,7 +278,7 @@ class App:
         tmp.write_text(json.dumps({**self.spec.to_json(), "started_at": time.time()}, indent=1) + "\n")
         os.replace(tmp, self.record_file)
         offset = self.log_file.stat().st_size if self.log_file.exists() else 0
-        env = {**settings_env(self.settings), "PYTHONUNBUFFERED": "1", **self.spec.env}
+        env = {**self.settings.to_env(), "PYTHONUNBUFFERED": "1", **self.spec.env}
         pid = process.start(
             self.name,
             list(self.spec.command),

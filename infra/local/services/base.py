@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from rich.console import Console
 
-from infra.config.settings import Settings
+from infra.config.settings import Settings, env_var
 from infra.local.errors import PortInUse
 from infra.local.services import process
 
@@ -112,7 +112,7 @@ class Service(ABC):
             raise PortInUse(
                 f"{self.name}: port {port} ({role}) on {self.settings.host} is in use by "
                 f"{process.describe_holders(port)}, which `parley up` did not start",
-                hint=f"stop that process, or choose another port (PARLEY_{self.name.upper()}_PORT etc.)",
+                hint=f"stop that process, or choose another port ({env_var(self.name.upper() + '_PORT')} etc.)",
             )
 
     def launch(self) -> int:

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from infra.config.settings import Settings
+from infra.config.settings import Settings, env_var
 from infra.stores.cql.migrate import apply
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument("--keyspace", help="override PARLEY_KEYSPACE")
+    parser.add_argument("--keyspace", help=f"override {env_var('KEYSPACE')}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from infra.config.settings import Settings
+from infra.local.topology import ensure_topics
 from schemas import (
     CancelRequested,
     GenerationFinished,
@@ -22,7 +23,7 @@ from schemas import (
 )
 from tests.e2e.service import Service, free_port
 from topics import Topics
-from topics.admin import ensure_topics
+from topics.catalogue import GENERATION
 from topics.clients import make_consumer, make_producer, send
 from topics.partitioning import partition_for
 
@@ -194,7 +195,7 @@ async def _committed(settings: Settings, svc: Service, topic: str, key: str) -> 
     await admin.start()
     try:
         for _ in range(20):
-            offsets = await admin.list_consumer_group_offsets(f"{settings.topic_prefix}worker.large")
+            offsets = await admin.list_consumer_group_offsets(Topics(settings.topic_prefix).group(GENERATION, "large"))
             meta = offsets.get(TopicPartition(topic, partition_for(key, 4)))
             if meta is not None:
                 return meta.offset

@@ -1,6 +1,7 @@
-from consumers.generation.plan import Finish, Generate, Limits, plan, status_for
+from consumers.generation.decisions import Finish, Generate, Limits, decide, status_for
 from consumers.generation.recovery import Saved
 from schemas import GenerationFinished, GenerationRequested, TokensAppended, Usage
+from schemas.scheduler import LANE_PRIORITY
 
 LIMITS = Limits(pool="large", model="SmolLM2-135M-Instruct", max_model_len=100)
 
@@ -20,13 +21,14 @@ def _saved(*chunks: list[int]) -> Saved:
     return s
 
 
-def test_fresh_request_generates_with_lane_priority() -> None:
-    assert plan(_req(), LIMITS, False, Saved()) == Generate([1, 2, 3], 20, 0, False, 0)
-    assert plan(_req(lane="free"), LIMITS, False, Saved()).priority == 1  # type: ignore[union-attr]
+def test_fresh_request_generates_at_the_priority_its_producer_gave() -> None:
+    assert decide(_req(), LIMITS, False, Saved()) == Generate([1, 2, 3], 20, 0, False, 0)
+    free = decide(_req(lane="free", priority=LANE_PRIORITY["free"]), LIMITS, False, Saved())
+    assert free.priority == LANE_PRIORITY["free"] > LANE_PRIORITY["paid"]  # type: ignore[union-attr]
 
 
 def test_recovery_appends_saved_tokens_and_continues_the_sequence() -> None:
-    decision = plan(_req(), LIMITS, False, _saved([7, 8], [9]))
+    decision = decide(_req(), LIMITS, False, _saved([7, 8], [9]))
     assert decision == Generate([1, 2, 3, 7, 8, 9], 17, 2, True, 0)
 
 
@@ -35,23 +37,23 @@ def test_already_finished_generation_is_not_generated_again() -> None:
     s.finished = GenerationFinished(generation_id="g", conversation_id="c", user_id="u", plan="paid",
                                     message_id="m", status="complete", text="t0", usage=Usage(), model="m",
                                     pool="large", worker_id="w0")
-    assert plan(_req(), LIMITS, False, s) == Finish("complete", "already finished")
+    assert decide(_req(), LIMITS, False, s) == Finish("complete", "already finished")
 
 
 def test_bad_requests_fail_with_a_reason() -> None:
-    too_long = plan(_req(prompt_token_ids=list(range(100))), LIMITS, False, Saved())
+    too_long = decide(_req(prompt_token_ids=list(range(100))), LIMITS, False, Saved())
     assert isinstance(too_long, Finish) and too_long.status == "failed" and "context of 100" in too_long.reason
-    wrong_pool = plan(_req(pool="tiny"), LIMITS, False, Saved())
+    wrong_pool = decide(_req(pool="tiny"), LIMITS, False, Saved())
     assert isinstance(wrong_pool, Finish) and "pool 'tiny'" in wrong_pool.reason
-    assert plan(_req(prompt_token_ids=[]), LIMITS, False, Saved()) == Finish("failed", "empty prompt")
+    assert decide(_req(prompt_token_ids=[]), LIMITS, False, Saved()) == Finish("failed", "empty prompt")
 
 
 def test_cancel_before_start_stops_without_generating() -> None:
-    assert plan(_req(), LIMITS, True, Saved()).status == "stopped"  # type: ignore[union-attr]
+    assert decide(_req(), LIMITS, True, Saved()).status == "stopped"  # type: ignore[union-attr]
 
 
 def test_max_tokens_clamped_to_context() -> None:
-    decision = plan(_req(prompt_token_ids=list(range(90)), max_tokens=50), LIMITS, False, Saved())
+    decision = decide(_req(prompt_token_ids=list(range(90)), max_tokens=50), LIMITS, False, Saved())
     assert isinstance(decision, Generate) and decision.max_tokens == 10
 
 

@@ -127,14 +127,15 @@ def test_settings_env_round_trips_through_from_env(monkeypatch: pytest.MonkeyPat
         ports=Ports(kafka=19092, kafka_controller=19093, cassandra=19042, cassandra_storage=17000,
                     cassandra_jmx=17199, redis=16379, gateway=18000),
         state_dir=tmp_path / "s", cache_dir=tmp_path / "c", keyspace="k2", topic_prefix="t.",
-        kafka_heap_mb=256, cassandra_heap_mb=512, reader_timeout_s=12.5,
+        kafka_heap_mb=256, cassandra_heap_mb=512, reader_timeout_s=12.5, route_small_max_chars=80,
+        plans_file=tmp_path / "plans.toml", pool_overrides=(("LARGE_MAX_SEQS", "4"),), debug=("a", "b.c"),
     )
     flags = {f.name: not getattr(custom, f.name) for f in dataclasses.fields(custom) if f.type in (bool, "bool")}
     custom = custom.with_(**flags)  # every boolean away from its default
     for key in list(os.environ):
         if key.startswith("PARLEY_"):
             monkeypatch.delenv(key)
-    for key, value in apps.settings_env(custom).items():
+    for key, value in custom.to_env().items():
         assert key.startswith("PARLEY_")
         monkeypatch.setenv(key, value)
     assert Settings.from_env() == custom

@@ -19,8 +19,8 @@ def test_engine_module_is_import_safe() -> None:
 
 
 def test_pool_maps_onto_engine_args(tmp_path) -> None:
-    pool = load_pools(Settings().with_(cache_dir=tmp_path), {"PARLEY_POOL_SMALL_KV_CACHE_GIB": "1"},
-                      on_gpu=False)["small"]
+    settings = Settings.from_env({"PARLEY_POOL_SMALL_KV_CACHE_GIB": "1"}).with_(cache_dir=tmp_path)
+    pool = load_pools(settings, on_gpu=False)["small"]
     args = engine_kwargs(pool)
 
     assert args["model"] == str(tmp_path / "models" / "SmolLM2-135M-Instruct")

@@ -8,5 +8,5 @@ def test_matching_ignores_case_spacing_and_trailing_punctuation() -> None:
 
 
 def test_default_table_loads_and_answers_a_greeting() -> None:
-    canned = CannedReplies.load({})
+    canned = CannedReplies.load()
     assert canned.reply_for("Hello!") and normalise("Hi .") == "hi"

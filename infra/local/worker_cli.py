@@ -5,10 +5,11 @@ import argparse
 import asyncio
 import signal
 
-from consumers.generation.plan import Limits
+from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
+from infra.local.model import ready_pool
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -18,10 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logconfig.configure()
-    from infra.local.model import ready_pool
-
     settings = Settings.from_env()
+    logconfig.configure(settings.debug)
     pool = ready_pool(args.pool, settings)
     asyncio.run(_serve(settings, pool, args))
     return 0

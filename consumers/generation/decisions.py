@@ -1,6 +1,6 @@
 """Pure decisions of the generation worker: what to do with one request, and how its reply ends.
 
-No Kafka, no engine: (request, pool limits, cancels, saved tokens) -> a plan.
+No Kafka, no engine: (request, pool limits, cancels, saved tokens) -> a decision.
 """
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from consumers.generation.recovery import Saved
 from schemas import GenerationFinished, GenerationRequested, Usage
 from schemas.generation import Status
-
-PRIORITY = {"paid": 0, "free": 1}  # vLLM runs lower values first
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,8 @@ class Finish:
     reason: str = ""
 
 
-def plan(req: GenerationRequested, limits: Limits, cancelled: bool, saved: Saved) -> Generate | Finish:
+def decide(req: GenerationRequested, limits: Limits, cancelled: bool, saved: Saved) -> Generate | Finish:
+    """Generate (from where the saved tokens end, at the priority the request's producer gave it) or finish."""
     if saved.finished is not None:
         return Finish(saved.finished.status, "already finished")
     if cancelled:
@@ -54,7 +53,7 @@ def plan(req: GenerationRequested, limits: Limits, cancelled: bool, saved: Saved
         return Finish("failed", f"prompt of {len(prompt)} tokens does not fit the model's context of "
                                 f"{limits.max_model_len} tokens")
     remaining = min(remaining, limits.max_model_len - len(prompt))
-    return Generate(prompt, remaining, saved.next_seq, bool(saved.chunks), PRIORITY.get(req.lane, 1))
+    return Generate(prompt, remaining, saved.next_seq, bool(saved.chunks), req.priority)
 
 
 def status_for(finish_reason: str | None, cancelled: bool) -> Status:

@@ -1,0 +1,153 @@
+"""In-memory stand-ins for the stores, for unit tests of stage logic. Nothing here is used by the service.
+
+Each keeps just enough behaviour to make the stage's decisions observable: ``FakeRedis`` honours ``nx``
+and expiry-free keys, ``FakeQuota`` settles exactly once, ``FakeConversations`` keys messages by
+(conversation, turn, message id) as Cassandra does.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from infra.stores.conversations import Conversation, Message
+from infra.stores.quota_outcomes import Reservation, Settled
+from infra.stores.records import Summary
+from schemas import Event
+from schemas.codec import decode
+
+
+class FakeRedis:
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    async def get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+    async def set(self, key: str, value: Any, nx: bool = False, ex: int | None = None) -> bool:
+        if nx and key in self.values:
+            return False
+        self.values[key] = str(value).encode()
+        return True
+
+    async def exists(self, key: str) -> int:
+        return int(key in self.values)
+
+    async def delete(self, key: str) -> int:
+        return int(self.values.pop(key, None) is not None)
+
+
+class FakeProducer:
+    """Records what was produced, decoded: (topic, event, key)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Event, str]] = []
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes, partition: int | None = None) -> None:
+        self.sent.append((topic, decode(value), key.decode()))
+
+
+def settled_marker(generation_id: str, **changes: Any) -> Settled:
+    values: dict[str, Any] = dict(
+        generation_id=generation_id, user_id="u", plan="free", day="2026-12-01", conversation_id="c",
+        reserved=600, tokens_in=10, tokens_out=5, tokens_cached=0, charged=15, status="complete", model="m",
+        pool="large", started_at=1.0, finished_at=2.0, settled_at=3.0, published=False)
+    values.update(changes)
+    return Settled(**values)
+
+
+@dataclass
+class FakeQuota:
+    """Reservations and settled markers; ``settle`` charges once and answers None after."""
+
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+    markers: dict[str, Settled] = field(default_factory=dict)
+    settle_calls: list[tuple[str, int, int, str]] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)
+    failures_left: int = 0  # settle raises this many times first (Redis unreachable)
+    stale: set[str] = field(default_factory=set)  # ids left in the expiry set after their reservation went
+
+    def reserve(self, generation_id: str, created_at: float = 100.0, prompt_tokens: int = 40) -> Reservation:
+        r = Reservation(generation_id=generation_id, user_id="u", plan="free", day="2026-12-01", amount=552,
+                        prompt_tokens=prompt_tokens, reply_cap=512, conversation_id="c", created_at=created_at,
+                        expires_at=created_at + 300)
+        self.reservations[generation_id] = r
+        return r
+
+    async def settle(self, generation_id: str, tokens_in: int, tokens_out: int, *, tokens_cached: int = 0,
+                     status: str = "complete", model: str = "", pool: str = "", started_at: float = 0.0,
+                     finished_at: float = 0.0, now: float | None = None) -> Settled | None:
+        if self.failures_left:
+            from redis.exceptions import ConnectionError as RedisConnectionError
+
+            self.failures_left -= 1
+            raise RedisConnectionError("redis is down")
+        self.settle_calls.append((generation_id, tokens_in, tokens_out, status))
+        reservation = self.reservations.pop(generation_id, None)
+        if reservation is None:
+            return None
+        marker = settled_marker(generation_id, reserved=reservation.amount, tokens_in=tokens_in,
+                                tokens_out=tokens_out, charged=tokens_in + tokens_out, status=status, model=model,
+                                pool=pool)
+        self.markers[generation_id] = marker
+        return marker
+
+    async def settled(self, generation_id: str) -> Settled | None:
+        return self.markers.get(generation_id)
+
+    async def mark_published(self, generation_id: str) -> None:
+        self.markers[generation_id] = dataclasses.replace(self.markers[generation_id], published=True)
+
+    async def expired(self, now: float) -> list[str]:
+        return [gid for gid, r in self.reservations.items() if r.expires_at <= now] + list(self.stale)
+
+    async def reservation(self, generation_id: str) -> Reservation | None:
+        return self.reservations.get(generation_id)
+
+    async def forget_expired(self, generation_id: str) -> None:
+        self.forgotten.append(generation_id)
+        self.stale.discard(generation_id)
+
+    async def unpublished(self, grace_s: float = 0.0, now: float | None = None) -> list[Settled]:
+        return [m for m in self.markers.values() if not m.published]
+
+
+class FakeConversations:
+    def __init__(self, *conversations: Conversation) -> None:
+        self.conversations = {c.conversation_id: c for c in conversations}
+        self.messages: dict[tuple[str, int, str], Message] = {}
+        self.touched: list[tuple[str, datetime, str | None]] = []
+
+    async def get(self, conversation_id: str) -> Conversation | None:
+        return self.conversations.get(conversation_id)
+
+    async def touch(self, conv: Conversation, at: datetime, title: str | None = None) -> None:
+        self.touched.append((conv.conversation_id, at, title))
+        self.conversations[conv.conversation_id] = dataclasses.replace(
+            conv, updated_at=at, title=title if title is not None else conv.title)
+
+    async def save_message(self, message: Message) -> None:
+        self.messages[(message.conversation_id, message.turn, message.message_id)] = message
+
+    async def get_message(self, conversation_id: str, turn: int, message_id: str) -> Message | None:
+        return self.messages.get((conversation_id, turn, message_id))
+
+    async def all_messages(self, conversation_id: str) -> list[Message]:
+        return [m for k, m in sorted(self.messages.items()) if k[0] == conversation_id]
+
+
+class FakeRecords:
+    def __init__(self) -> None:
+        self.generations: dict[str, dict[str, Any]] = {}
+        self.summaries: list[Summary] = []
+
+    async def save_generation(self, **row: Any) -> None:
+        self.generations[row["generation_id"]] = row
+
+    async def save_summary(self, summary: Summary) -> None:
+        self.summaries.append(summary)
+
+
+def conversation(conversation_id: str = "c", user_id: str = "u", title: str | None = None) -> Conversation:
+    return Conversation(conversation_id, user_id, title, None, datetime(2026, 12, 1, tzinfo=UTC))

@@ -1,0 +1,59 @@
+"""Persistence's logic with fake stores: the reply saved, one title request, titles and summaries stored."""
+from __future__ import annotations
+
+from schemas import GenerationFinished, GenerationRequested, Usage
+from schemas.scheduler import BACKGROUND_PRIORITY
+from streams.persistence import Persistence
+from tests.fake_stores import FakeConversations, FakeRecords, FakeRedis, conversation
+from topics import Topics
+
+
+def finished(purpose: str = "reply", text: str = "Paris.", status: str = "complete",
+             gid: str = "g1") -> GenerationFinished:
+    return GenerationFinished(generation_id=gid, conversation_id="c", user_id="u", plan="free", message_id=gid,
+                              turn=0, parent_id="um", status=status, text=text,  # type: ignore[arg-type]
+                              usage=Usage(prompt_tokens=20, completion_tokens=3), model="Smol", pool="large",
+                              worker_id="w", purpose=purpose, at=1_790_000_000.0)  # type: ignore[arg-type]
+
+
+def persistence(title: str | None = None) -> tuple[Persistence, FakeConversations, FakeRecords]:
+    convs, records = FakeConversations(conversation(title=title)), FakeRecords()
+    chat_ids = lambda messages: [len(m["content"]) for m in messages]  # noqa: E731 - a stand-in tokenizer
+    return Persistence(convs, records, FakeRedis(), Topics("t."), chat_ids), convs, records  # type: ignore[arg-type]
+
+
+async def test_a_finished_reply_is_saved_and_asks_the_small_pool_for_a_title_once() -> None:
+    p, convs, records = persistence()
+    out = await p.handle(finished())
+    saved = convs.messages[("c", 0, "g1")]
+    assert (saved.role, saved.content, saved.status, saved.tokens_in, saved.tokens_out) == (
+        "assistant", "Paris.", "complete", 20, 3)
+    assert records.generations["g1"]["status"] == "complete" and convs.touched[0][0] == "c"
+    [(topic, request, key)] = out
+    assert topic == "t.generate.small.free" and key == "c"
+    assert isinstance(request, GenerationRequested) and request.purpose == "title"
+    assert request.generation_id == "g1:title" and request.priority == BACKGROUND_PRIORITY
+    assert await p.handle(finished()) == []  # a redelivery rewrites the same row and asks nothing again
+    assert len(convs.messages) == 1
+
+
+async def test_a_titled_conversation_or_a_stopped_reply_asks_for_no_title() -> None:
+    titled, _, _ = persistence(title="Capitals")
+    assert await titled.handle(finished()) == []
+    fresh, convs, _ = persistence()
+    assert await fresh.handle(finished(status="stopped", text="Par")) == []
+    assert convs.messages[("c", 0, "g1")].status == "stopped"
+
+
+async def test_a_finished_title_is_cleaned_and_stored() -> None:
+    p, convs, _ = persistence()
+    assert await p.handle(finished(purpose="title", text='"Title: Capital of France"\nextra', gid="g1:title")) == []
+    assert convs.conversations["c"].title == "Capital of France"
+    assert convs.messages == {}  # a title is not a message
+
+
+async def test_a_summary_is_stored_only_when_complete() -> None:
+    p, _, records = persistence()
+    await p.handle(finished(purpose="summary", text="  They talked about Paris.  ", gid="g1:summary"))
+    await p.handle(finished(purpose="summary", text="half", status="failed", gid="g2:summary"))
+    assert [(s.summary, s.tokens) for s in records.summaries] == [("They talked about Paris.", 3)]

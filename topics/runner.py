@@ -1,0 +1,102 @@
+"""The one run/stop shape of every stage, aiokafka or faust, and running several in one process.
+
+A stage says which clients it holds (anything with ``start``/``stop``: producers, consumers, a faust app),
+what runs beside its loop (``background``) and what one turn of the loop is (``step``); ``Runner`` starts the
+clients in order, loops until ``stop()``, then cancels the background work and stops the clients in reverse.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class Runner:
+    name: str = ""
+
+    def __init__(self) -> None:
+        self._stopping = asyncio.Event()
+
+    def clients(self) -> list[Any]:
+        return []
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return []
+
+    async def step(self) -> None:
+        """One turn of the loop; by default there is none: wait until stopped."""
+        await self._stopping.wait()
+
+    async def idle(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when the stage is stopped meanwhile."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        started: list[Any] = []
+        try:
+            for client in self.clients():
+                await client.start()
+                started.append(client)
+            tasks = [asyncio.create_task(c) for c in self.background()]
+            log.info("stage %s running", self.name)
+            try:
+                while not self._stopping.is_set():
+                    await self.step()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for client in reversed(started):
+                await client.stop()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def reset(self) -> None:
+        """Before a restart after a failure: a stage whose clients cannot start twice makes new ones."""
+
+
+async def run_stages(*stages: Runner, restart_s: float = 1.0, max_restart_s: float = 30.0) -> None:
+    """Run stages together until stopped. A stage that fails is restarted after a backoff, alone: one
+    stage's failure never stops the others (store outages are waited out inside each stage)."""
+    tasks = [asyncio.create_task(_keep_running(s, restart_s, max_restart_s), name=s.name or type(s).__name__)
+             for s in stages]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for s in stages:
+            s.stop()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _keep_running(stage: Runner, first_s: float, max_s: float) -> None:
+    """``stage.run()`` until it returns (stopped); restarted with backoff, on fresh clients, when it raises."""
+    delay, name = first_s, stage.name or type(stage).__name__
+    while True:
+        began = time.monotonic()
+        try:
+            await stage.run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - logged whole; the stage restarts, the others run on
+            log.exception("stage %s failed; restarting it in %.1f s (the other stages carry on)", name, delay)
+        if time.monotonic() - began > 60:
+            delay = first_s  # it ran a good while: a fresh failure, not a crash loop
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, max_s)
+        stage.reset()
