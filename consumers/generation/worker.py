@@ -10,6 +10,7 @@ continued from the tokens it saved.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -19,6 +20,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
 
 from consumers.generation.decisions import Finish, Generate, Limits, decide, finished_event, status_for
 from consumers.generation.engine import Sampling
@@ -92,6 +94,7 @@ class GenerationWorker:
             self.metrics_port = self.metrics.serve(self.metrics_port)
         control = asyncio.create_task(self._control_loop(), name="control")
         stats = asyncio.create_task(self._stats_loop(), name="stats")
+        alive = asyncio.create_task(self._alive_loop(), name="alive")
         log.info("worker %s serving pool %s, capacity %d, metrics on port %s", self.worker_id, self.limits.pool,
                  self.capacity, self.metrics_port)
         if self.on_ready is not None:
@@ -101,6 +104,7 @@ class GenerationWorker:
         finally:
             control.cancel()
             stats.cancel()
+            alive.cancel()
             await self._shutdown()
 
     def stop(self) -> None:
@@ -323,6 +327,13 @@ class GenerationWorker:
         horizon = time.time() - CANCEL_MEMORY_S
         for gid in [g for g, at in self.cancelled.items() if at < horizon]:
             del self.cancelled[gid]
+
+    async def _alive_loop(self) -> None:
+        """Readers of this worker's generations tell a slow step from a dead worker by this key."""
+        while True:
+            with contextlib.suppress(RedisError):  # a missed beat only shows `recovering` early
+                await self.redis.set(keys.worker_alive(self.worker_id), "1", ex=keys.WORKER_ALIVE_TTL_S)
+            await asyncio.sleep(1.0)
 
     async def _stats_loop(self) -> None:
         while True:

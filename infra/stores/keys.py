@@ -9,6 +9,14 @@ def generation_started(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:started"
 
 
+WORKER_ALIVE_TTL_S = 4
+
+
+def worker_alive(worker_id: str) -> str:
+    """Refreshed every second by a live generation worker; gone = its generations await recovery."""
+    return f"{PREFIX}worker:{worker_id}:alive"
+
+
 def reader_heartbeat(generation_id: str) -> str:
     """Refreshed by whichever gateway streams the generation; absent for 30 s = abandoned."""
     return f"{PREFIX}gen:{generation_id}:reader"

@@ -191,6 +191,6 @@ def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | 
     body = follow(gw.relay, generation_id, after=after, since_ms=id_time_ms(generation_id) - 2000, queue=queue,
                   first=first, keepalive_s=gw.keepalive_s, beat_every_s=gw.settings.reader_timeout_s / 3,
                   heartbeat=lambda: gw.reader_beat(generation_id),
-                  saved=saved)
+                  saved=saved, worker_alive=gw.worker_alive)
     headers = dict(SSE_HEADERS, **{"X-Generation-Id": generation_id})
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)

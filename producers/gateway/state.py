@@ -91,6 +91,9 @@ class Gateway:
             pipe.set(keys.reader_heartbeat(generation_id), self.gateway_id, ex=self._reader_ttl_s)
             await pipe.execute()
 
+    async def worker_alive(self, worker_id: str) -> bool:
+        return bool(await self.redis.exists(keys.worker_alive(worker_id)))
+
     async def reader_beat(self, generation_id: str) -> None:
         await self.redis.set(keys.reader_heartbeat(generation_id), self.gateway_id, ex=self._reader_ttl_s)
 

@@ -8,24 +8,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from producers.gateway.relay import Aged, TokenRelay
 from producers.gateway.sse import KEEPALIVE, frame, is_last, to_sse
+from schemas import GenerationStarted
+
+STALL_S = 3.0  # no event this long while generating, and the worker's beat is gone: say so
+CHECK_EVERY_S = 1.0
 
 
 async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, since_ms: int,
                  queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None,
                  keepalive_s: float, beat_every_s: float, heartbeat: Callable[[], Awaitable[None]],
-                 saved: Callable[[], Awaitable[list[bytes]]]) -> AsyncIterator[bytes]:
-    """``queue``/``first``: a live subscription made before the request was produced (no replay needed)."""
+                 saved: Callable[[], Awaitable[list[bytes]]],
+                 worker_alive: Callable[[str], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
+    """``queue``/``first``: a live subscription made before the request was produced (no replay needed).
+    ``worker_alive``: whether a worker still beats; while the generating one does not, a stalled stream
+    gets one ``recovering`` event (then the reply continues from another worker)."""
     live = queue if queue is not None else relay.subscribe(generation_id)
+    watch = Recovery(worker_alive)
     beat = asyncio.create_task(keep_beating(heartbeat, beat_every_s))
     last = after if after is not None else -1
     try:
         if first is not None:
             for offset, event in first:
+                watch.saw(event)
                 for f in to_sse(offset, event):
                     yield f
                 last = max(last, offset)
@@ -36,6 +48,7 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
             try:
                 async for offset, event in relay.replay(generation_id, after, since_ms):
                     replayed += 1
+                    watch.saw(event)
                     for f in to_sse(offset, event):
                         yield f
                     last = offset
@@ -58,24 +71,67 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                     for f in snapshot:
                         yield f
                     return
-        while True:
-            try:
-                offset, event = await asyncio.wait_for(live.get(), keepalive_s)
-            except TimeoutError:
-                yield KEEPALIVE
-                continue
-            if offset <= last:
-                continue  # already sent during replay
-            for f in to_sse(offset, event):
-                yield f
-            last = offset
-            if is_last(event):
-                return
+        async for f in _live(live, last, keepalive_s, watch):
+            yield f
     finally:
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beat
         relay.unsubscribe(generation_id, live)
+
+
+class Recovery:
+    """Notices a stream whose worker died: started, then no event for ``STALL_S`` and no worker beat."""
+
+    def __init__(self, worker_alive: Callable[[str], Awaitable[bool]] | None) -> None:
+        self.worker_alive, self.worker_id, self.said = worker_alive, "", False
+        self.last_event = time.monotonic()
+
+    def saw(self, event: object) -> None:
+        self.last_event, self.said = time.monotonic(), False
+        if isinstance(event, GenerationStarted):
+            self.worker_id = event.worker_id
+
+    async def frame(self) -> bytes | None:
+        """The ``recovering`` frame, once per stall, when the generating worker is gone."""
+        if self.said or not self.worker_id or self.worker_alive is None:
+            return None
+        if time.monotonic() - self.last_event < STALL_S:
+            return None
+        try:
+            alive = await self.worker_alive(self.worker_id)
+        except RedisError:
+            return None  # cannot tell: say nothing rather than alarm
+        if alive:
+            return None
+        self.said = True
+        return frame("recovering", {"reason": "worker_lost", "message": "The worker writing this reply stopped. "
+                                    "Another one is taking over; the reply continues where it left off."})
+
+
+async def _live(live: asyncio.Queue[tuple[int, Any]], last: int, keepalive_s: float,
+                watch: Recovery) -> AsyncIterator[bytes]:
+    quiet_since = time.monotonic()
+    while True:
+        try:
+            offset, event = await asyncio.wait_for(live.get(), min(keepalive_s, CHECK_EVERY_S))
+        except TimeoutError:
+            notice = await watch.frame()
+            if notice is not None:
+                yield notice
+            if time.monotonic() - quiet_since >= keepalive_s:
+                quiet_since = time.monotonic()
+                yield KEEPALIVE
+            continue
+        if offset <= last:
+            continue  # already sent during replay
+        watch.saw(event)
+        quiet_since = time.monotonic()
+        for f in to_sse(offset, event):
+            yield f
+        last = offset
+        if is_last(event):
+            return
 
 
 async def keep_beating(heartbeat: Callable[[], Awaitable[None]], every_s: float) -> None:

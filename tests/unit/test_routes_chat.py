@@ -66,6 +66,9 @@ class Gateway:
     async def reader_beat(self, generation_id: str) -> None:
         pass
 
+    async def worker_alive(self, worker_id: str) -> bool:
+        return True
+
 
 def reply_events(gid: str) -> list[tuple[int, Any]]:
     ids = {"generation_id": gid, "conversation_id": "c", "user_id": "ann"}

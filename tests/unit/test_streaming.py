@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 
 from infra.stores.conversations import Message
@@ -144,3 +145,60 @@ async def test_the_relay_hands_each_generation_its_own_events_only() -> None:
     assert other.get_nowait()[0] == 7
     relay.unsubscribe("g2", other)
     assert "g2" not in relay.subs and GID in relay.subs
+
+
+async def test_a_dead_workers_stream_says_recovering_once_then_continues(monkeypatch: pytest.MonkeyPatch) -> None:
+    from producers.gateway import streaming
+    from schemas import GenerationStarted
+
+    monkeypatch.setattr(streaming, "STALL_S", 0.1)
+    monkeypatch.setattr(streaming, "CHECK_EVERY_S", 0.02)
+    alive = {"w1": False, "w2": True}
+
+    def started(worker: str) -> GenerationStarted:
+        return GenerationStarted(generation_id=GID, conversation_id="c", user_id="u", message_id="m", model="m",
+                                 pool="large", worker_id=worker, first_token_at=1.0, prompt_tokens=3)
+
+    relay = FakeRelay([])
+    relay.live.put_nowait((1, started("w1")))
+    relay.live.put_nowait((2, delta(0, "a")))
+
+    async def take_over() -> None:  # w1 died; after a while w2 resumes the reply
+        await asyncio.sleep(0.4)
+        for item in [(3, started("w2")), (4, delta(1, "b")), (5, done())]:
+            relay.live.put_nowait(item)
+
+    async def worker_alive(worker_id: str) -> bool:
+        return alive[worker_id]
+
+    task = asyncio.create_task(take_over())
+    frames = [f async for f in streaming.follow(
+        relay, GID, after=None, since_ms=0, queue=None, first=None, keepalive_s=10, beat_every_s=10,  # type: ignore[arg-type]
+        heartbeat=lambda: asyncio.sleep(0), saved=lambda: asyncio.sleep(0, []), worker_alive=worker_alive)]
+    await task
+    assert kinds(frames) == ["delta", "recovering", "delta", "message_end"]
+    assert b"worker_lost" in frames[1] and not frames[1].startswith(b"id:")  # no id: resume points unchanged
+
+
+async def test_a_slow_but_live_worker_is_not_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from producers.gateway import streaming
+    from schemas import GenerationStarted
+
+    monkeypatch.setattr(streaming, "STALL_S", 0.05)
+    monkeypatch.setattr(streaming, "CHECK_EVERY_S", 0.02)
+    relay = FakeRelay([])
+    relay.live.put_nowait((1, GenerationStarted(generation_id=GID, conversation_id="c", user_id="u", message_id="m",
+                                                model="m", pool="large", worker_id="w", first_token_at=1.0,
+                                                prompt_tokens=3)))
+
+    async def later() -> None:
+        await asyncio.sleep(0.3)
+        relay.live.put_nowait((2, done()))
+
+    task = asyncio.create_task(later())
+    frames = [f async for f in streaming.follow(
+        relay, GID, after=None, since_ms=0, queue=None, first=None, keepalive_s=10, beat_every_s=10,  # type: ignore[arg-type]
+        heartbeat=lambda: asyncio.sleep(0), saved=lambda: asyncio.sleep(0, []),
+        worker_alive=lambda w: asyncio.sleep(0, True))]
+    await task
+    assert kinds(frames) == ["message_end"]

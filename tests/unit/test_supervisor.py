@@ -38,6 +38,7 @@ def test_a_killed_child_is_restarted_and_counted_and_sigterm_stops_both(tmp_path
                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         first = _wait_for(lambda: read_restarts(tmp_path, "svc").child_pid)
+        _wait_for(lambda: "svc up" in (tmp_path / "svc.log").read_text())
         os.kill(first, signal.SIGKILL)  # the service dies; its supervisor does not
         record = _wait_for(lambda: (r := read_restarts(tmp_path, "svc")).child_pid not in (None, first) and r)
         assert record.restarts == 1 and record.last_exit == -signal.SIGKILL and sup.poll() is None

@@ -162,6 +162,8 @@ export class Chat {
     const handle = follow(id, {
       start: (d) => update({ model: d.model, pool: d.pool }),
       queued: (d) => update({ notice: reply.content ? "" : queuedText(d) }),
+      // A worker died mid-reply; the next delta (from the worker taking over) clears this notice.
+      recovering: (d) => update({ notice: d.message || "Reconnecting to another worker…" }),
       delta: (text) => update({ notice: "", content: reply.content + text }),
       snapshot: (text) => update({ notice: "", content: text }),
       error: (d) => update({ notice: d.message || "The model could not answer. Try regenerating." }),
