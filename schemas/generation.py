@@ -26,6 +26,7 @@ class GenerationStarted(Event, frozen=True, kw_only=True):
     prompt_tokens: int
     cached_prompt_tokens: int = 0
     resumed: bool = False
+    epoch: int = 0  # the owner's fencing epoch: readers ignore events of an epoch older than one they saw
 
 
 class TokensAppended(Event, frozen=True, kw_only=True):
@@ -37,6 +38,7 @@ class TokensAppended(Event, frozen=True, kw_only=True):
     seq: int  # per generation, from 0, no gaps
     text: str
     token_ids: list[int]
+    epoch: int = 0  # the owner's fencing epoch (see GenerationStarted)
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,3 +70,4 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     route_reason: str = "default"
     started_at: float = 0.0
     first_token_at: float = 0.0
+    epoch: int = 0  # the owner's fencing epoch (see GenerationStarted)

@@ -49,6 +49,11 @@ class Persistence:
         return await self._reply(e)
 
     async def _reply(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
+        current = await self.redis.get(keys.generation_epoch(e.generation_id))
+        if current is not None and 0 < e.epoch < int(current):
+            log.warning("generation %s: finish of owner epoch %d ignored (epoch %s owns it)", e.generation_id,
+                        e.epoch, current.decode())
+            return []  # a fenced-off worker's finish: the current owner's is the one to save
         finished_at = datetime.fromtimestamp(e.at, UTC)
         existing = await self.conversations.get_message(e.conversation_id, e.turn, e.message_id)
         await self.conversations.save_message(Message(

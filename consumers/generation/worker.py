@@ -17,6 +17,7 @@ import socket
 import time
 from typing import Any
 
+import msgspec
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -24,6 +25,7 @@ from redis.exceptions import RedisError
 
 from consumers.generation.decisions import Finish, Generate, Limits, decide, finished_event, status_for
 from consumers.generation.engine import Sampling
+from consumers.generation.fencing import Fence
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
 from consumers.generation.recovery import Saved, read_saved
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 # Reads chat.control (broadcast) and its own earlier tokens on chat.tokens (recovery), without a group.
 ROLE = Role(GENERATION, reads=(GENERATE, CONTROL, TOKENS), writes=(TOKENS, REPLIES, DEADLETTER))
 CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
+FENCE_CHECK_GAP_S = 1.0  # a step this long after the last one: this worker may have been paused; check its lease
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -84,6 +87,7 @@ class GenerationWorker:
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
             session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
         self.redis = aioredis.Redis.from_url(settings.redis_url)
+        self.fence = Fence(self.redis)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -202,6 +206,15 @@ class GenerationWorker:
 
     async def _generate(self, req: GenerationRequested) -> None:
         picked_at = time.time()
+        # Fencing: this worker owns the generation from now on; a worker that held it before (presumed dead,
+        # then woken) finds a newer epoch and stops, and every reader ignores its older epoch.
+        await self.fence.take(req.generation_id)
+        try:
+            await self._generate_owned(req, picked_at)
+        finally:
+            self.fence.release(req.generation_id)
+
+    async def _generate_owned(self, req: GenerationRequested, picked_at: float) -> None:
         saved = await self._saved(req)
         decision = decide(req, self.limits, req.generation_id in self.cancelled, saved)
         if isinstance(decision, Finish):
@@ -240,11 +253,15 @@ class GenerationWorker:
                 if not announced:
                     announced, first_token_at = True, now
                     pending.append(await self._started(req, first_token_at, cached, gen.resumed))
+                if last_append and now - last_append > FENCE_CHECK_GAP_S and await self.fence.fenced(req.generation_id):
+                    await self.engine.abort(req.generation_id)  # paused past our lease (SIGSTOP, a long GC)
+                    await asyncio.gather(*pending)
+                    return
                 if out.token_ids or out.text:
                     pending.append(await self.producer.send(self.topics.tokens, encode(TokensAppended(
                         generation_id=req.generation_id, conversation_id=req.conversation_id,
-                        user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids))),
-                        key=req.generation_id.encode()))
+                        user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids),
+                        epoch=self.fence.epoch(req.generation_id))), key=req.generation_id.encode()))
                     seq += 1
                     text.append(out.text)
                     completion += len(out.token_ids)
@@ -277,7 +294,7 @@ class GenerationWorker:
             generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
             message_id=req.message_id, model=self.limits.model, pool=self.limits.pool, worker_id=self.worker_id,
             first_token_at=first_token_at, prompt_tokens=len(req.prompt_token_ids), cached_prompt_tokens=cached,
-            resumed=resumed), key=req.generation_id)
+            resumed=resumed, epoch=self.fence.epoch(req.generation_id)), key=req.generation_id)
 
     async def _finish_early(self, req: GenerationRequested, decision: Finish, saved: Saved) -> None:
         if saved.finished is not None:
@@ -293,6 +310,9 @@ class GenerationWorker:
                                           saved.next_seq - 1, decision.reason))
 
     async def _finish(self, event: Any) -> None:
+        if await self.fence.fenced(event.generation_id):
+            return  # the newer owner finishes it
+        event = msgspec.structs.replace(event, epoch=self.fence.epoch(event.generation_id))
         # chat.tokens first: a recovering worker treats a finish there as final.
         await send(self.producer, self.topics.tokens, event, key=event.generation_id)
         await send(self.producer, self.topics.replies, event, key=event.conversation_id)

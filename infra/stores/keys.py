@@ -9,6 +9,11 @@ def generation_started(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:started"
 
 
+def generation_epoch(generation_id: str) -> str:
+    """Incremented by each worker that takes the generation on; its events carry the value (fencing)."""
+    return f"{PREFIX}gen:{generation_id}:epoch"
+
+
 WORKER_ALIVE_TTL_S = 4
 
 

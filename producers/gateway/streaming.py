@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from producers.gateway.relay import Aged, TokenRelay
 from producers.gateway.sse import KEEPALIVE, frame, is_last, to_sse
-from schemas import GenerationStarted
+from schemas import GenerationStarted, TokensAppended
 
 STALL_S = 3.0  # no event this long while generating, and the worker's beat is gone: say so
 CHECK_EVERY_S = 1.0
@@ -37,7 +37,8 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
     try:
         if first is not None:
             for offset, event in first:
-                watch.saw(event)
+                if not watch.saw(event):
+                    continue
                 for f in to_sse(offset, event):
                     yield f
                 last = max(last, offset)
@@ -48,7 +49,8 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
             try:
                 async for offset, event in relay.replay(generation_id, after, since_ms):
                     replayed += 1
-                    watch.saw(event)
+                    if not watch.saw(event):
+                        continue
                     for f in to_sse(offset, event):
                         yield f
                     last = offset
@@ -81,16 +83,27 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
 
 
 class Recovery:
-    """Notices a stream whose worker died: started, then no event for ``STALL_S`` and no worker beat."""
+    """Per stream: drops what a fenced-off worker appended (older owner epoch) and chunks already sent, and
+    notices a dead worker: started, then no event for ``STALL_S`` and no worker beat."""
 
     def __init__(self, worker_alive: Callable[[str], Awaitable[bool]] | None) -> None:
         self.worker_alive, self.worker_id, self.said = worker_alive, "", False
+        self.epoch, self.next_seq = 0, 0
         self.last_event = time.monotonic()
 
-    def saw(self, event: object) -> None:
-        self.last_event, self.said = time.monotonic(), False
+    def saw(self, event: object) -> bool:
+        """Take note of ``event``; False when the client must not see it: an owner epoch older than one
+        already seen (a fenced-off worker's late append), or a token chunk already delivered."""
+        epoch = getattr(event, "epoch", 0)
+        stale = 0 < epoch < self.epoch  # epoch 0 is no owner's (queue events, the scheduler's own finish)
+        if stale or (isinstance(event, TokensAppended) and event.seq < self.next_seq):
+            return False
+        self.epoch, self.last_event, self.said = max(self.epoch, epoch), time.monotonic(), False
         if isinstance(event, GenerationStarted):
             self.worker_id = event.worker_id
+        elif isinstance(event, TokensAppended):
+            self.next_seq = event.seq + 1
+        return True
 
     async def frame(self) -> bytes | None:
         """The ``recovering`` frame, once per stall, when the generating worker is gone."""
@@ -125,7 +138,8 @@ async def _live(live: asyncio.Queue[tuple[int, Any]], last: int, keepalive_s: fl
             continue
         if offset <= last:
             continue  # already sent during replay
-        watch.saw(event)
+        if not watch.saw(event):
+            continue
         quiet_since = time.monotonic()
         for f in to_sse(offset, event):
             yield f

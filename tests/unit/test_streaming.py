@@ -202,3 +202,27 @@ async def test_a_slow_but_live_worker_is_not_reported(monkeypatch: pytest.Monkey
         worker_alive=lambda w: asyncio.sleep(0, True))]
     await task
     assert kinds(frames) == ["message_end"]
+
+
+async def test_a_fenced_off_workers_late_appends_and_repeated_chunks_never_reach_the_client() -> None:
+    from schemas import GenerationStarted
+
+    def started(epoch: int) -> GenerationStarted:
+        return GenerationStarted(generation_id=GID, conversation_id="c", user_id="u", message_id="m", model="m",
+                                 pool="large", worker_id=f"w{epoch}", first_token_at=1.0, prompt_tokens=3,
+                                 epoch=epoch, resumed=epoch > 1)
+
+    def chunk(seq: int, text: str, epoch: int) -> TokensAppended:
+        return TokensAppended(generation_id=GID, conversation_id="c", user_id="u", seq=seq, text=text,
+                              token_ids=[seq], epoch=epoch)
+
+    relay = FakeRelay([])
+    for item in [(1, started(1)), (2, chunk(0, "a", 1)), (3, chunk(1, "b", 1)),
+                 (4, started(2)), (5, chunk(1, "b", 2)),  # the new owner's first chunk repeats no text: seq 1 sent
+                 (6, chunk(2, "X", 1)),  # the old owner woke up (SIGCONT) and appended: fenced off
+                 (7, chunk(2, "c", 2)), (8, done())]:
+        relay.live.put_nowait(item)
+    frames = await stream(relay)
+    text = b"".join(frames)
+    assert kinds(frames) == ["delta", "delta", "delta", "message_end"]
+    assert b'"a"' in text and b'"b"' in text and b'"c"' in text and b'"X"' not in text
