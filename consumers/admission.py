@@ -2,7 +2,9 @@
 ``RequestAdmitted`` on ``chat.admitted`` (keyed by conversation) or ``RequestRefused``
 on ``chat.tokens`` (keyed by generation, where the gateway waits for it).
 
-Checks the input, picks the pool, and reserves prompt estimate + reply cap with one
+Checks the input (size, visible text, then the safety classifier: a flagged message is
+refused with 400 and handed to the prompt build as ``InputBlocked`` to be saved, before any
+budget is touched), picks the pool, and reserves prompt estimate + reply cap with one
 atomic Redis script (``infra/stores/quota.py``). The decision is pure (``precheck``,
 ``route``, ``decide``); the handler only calls the quota between them. A
 redelivered request finds its reservation and is admitted again identically; one
@@ -17,18 +19,26 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter
+
 from consumers.deadlines import past_deadline
+from consumers.safety.classifier import Classifier, Verdict
+from consumers.safety.metrics import SafetyMetrics
 from consumers.stage import Out, Stage
 from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Refusal, Reservation
-from schemas import MessageSubmitted, RequestAdmitted, RequestRefused
+from infra.stores.sealing import Sealer
+from schemas import InputBlocked, MessageSubmitted, RequestAdmitted, RequestRefused
 from topics import Role, Topics
 from topics.catalogue import ADMISSION, ADMITTED, DEADLETTER, REQUESTS, TOKENS
 
 log = logging.getLogger(__name__)
 ROLE = Role(ADMISSION, reads=(REQUESTS,), writes=(ADMITTED, TOKENS, DEADLETTER))
+# Refusals by reason (quota, too_long, invalid, ...) against admissions: the refusal part of the fallback rate.
+DECISIONS = Counter("parley_admission_decisions", "admission's answer per request: admitted or the refusal reason",
+                    ["plan", "outcome"])
 
 
 @dataclass(frozen=True)
@@ -100,8 +110,17 @@ def decide(event: MessageSubmitted, outcome: Reservation | Refusal, rules: Admis
         plan=event.plan, message_id=event.message_id, client_message_id=event.client_message_id,
         content=event.content, pool=pool, parent_id=event.parent_id, regenerate=event.regenerate,
         reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
-        temperature=event.temperature, history=event.history, deadline=event.deadline)
+        temperature=event.temperature, history=event.history, sampling=event.sampling, deadline=event.deadline)
     return [Out(topics.admitted, admitted, event.conversation_id)]
+
+
+def blocked(event: MessageSubmitted, verdict: Verdict, notice: str, topics: Topics) -> list[Out]:
+    """A flagged message: the gateway's refusal (400, a notice that names no rule) and the record to save."""
+    return [Out(topics.tokens, _refused(event, "blocked", 400, notice), event.generation_id),
+            Out(topics.admitted, InputBlocked(
+                generation_id=event.generation_id, conversation_id=event.conversation_id, user_id=event.user_id,
+                plan=event.plan, message_id=event.message_id, client_message_id=event.client_message_id,
+                regenerate=event.regenerate, block=verdict.block("input"), notice=notice), event.conversation_id)]
 
 
 def _refused(event: MessageSubmitted, reason: Any, status: int, message: str,
@@ -112,8 +131,10 @@ def _refused(event: MessageSubmitted, reason: Any, status: int, message: str,
 
 
 class Admission:
-    def __init__(self, quota: Quota, plans: Mapping[str, Plan], rules: AdmissionRules, topics: Topics) -> None:
+    def __init__(self, quota: Quota, plans: Mapping[str, Plan], rules: AdmissionRules, topics: Topics,
+                 classifier: Classifier | None = None, metrics: SafetyMetrics | None = None) -> None:
         self.quota, self.plans, self.rules, self.topics = quota, plans, rules, topics
+        self.classifier, self.metrics = classifier, metrics or SafetyMetrics.of()
 
     async def handle(self, event: MessageSubmitted) -> list[Out]:
         if past_deadline(event.deadline):
@@ -122,28 +143,55 @@ class Admission:
             return []
         refused = precheck(event, self.rules)
         if refused is not None:
-            log.info("generation %s refused: %s (%d)", event.generation_id, refused.reason, refused.status)
+            log.info("generation %s refused: %s (%d)", event.generation_id, refused.reason, refused.status,
+                     extra={"generation_id": event.generation_id, "plan": event.plan})
+            DECISIONS.labels(plan=event.plan, outcome=refused.reason).inc()
             return [Out(self.topics.tokens, refused, event.generation_id)]
+        flagged = await self._input_check(event)
+        if flagged:
+            DECISIONS.labels(plan=event.plan, outcome="input_blocked").inc()
+            return flagged
         plan = self.plans[event.plan]
         estimate = estimate_prompt(event, self.rules)
         outcome = await self.quota.reserve(event.user_id, event.plan, event.generation_id, estimate,
                                            reply_cap=reply_cap(event, plan), conversation_id=event.conversation_id)
         outs = decide(event, outcome, self.rules, self.topics)
+        ids = {"generation_id": event.generation_id, "user_id": event.user_id, "plan": event.plan}
         if isinstance(outcome, Refusal):
+            DECISIONS.labels(plan=event.plan, outcome=str(outcome.reason)).inc()
             log.info("generation %s user %s refused: %s, retry after %.0f s", event.generation_id,
-                     event.user_id, outcome.reason, outcome.retry_after_s)
+                     event.user_id, outcome.reason, outcome.retry_after_s, extra=ids)
         elif not outs:
-            log.info("generation %s already settled; redelivered request skipped", event.generation_id)
+            log.info("generation %s already settled; redelivered request skipped", event.generation_id, extra=ids)
         else:
+            DECISIONS.labels(plan=event.plan, outcome="admitted").inc()
             log.info("generation %s user %s admitted: %d tokens reserved (%s), pool %s", event.generation_id,
-                     event.user_id, outcome.amount, outcome.state, outs[0].event.pool)  # type: ignore[attr-defined]
+                     event.user_id, outcome.amount, outcome.state, outs[0].event.pool,  # type: ignore[attr-defined]
+                     extra={**ids, "reserved_tokens": outcome.amount})
         return outs
+
+    async def _input_check(self, event: MessageSubmitted) -> list[Out]:
+        """The safety classifier on the message; [] when it passes (or the plan's policy skips it)."""
+        if self.classifier is None:
+            return []
+        rules = self.classifier.rules.current()
+        if not rules.policy(event.plan).input_check:
+            return []
+        verdict = await self.classifier.score(event.content, "input")
+        self.metrics.observe("input", event.plan, verdict)
+        if not verdict.flagged:
+            return []
+        log.info("generation %s user %s blocked by the input check: %s score %.3f, rules %s, %.1f ms",
+                 event.generation_id, event.user_id, verdict.category, verdict.score, verdict.rules_version,
+                 verdict.seconds * 1000)
+        return blocked(event, verdict, rules.notice("input"), self.topics)
 
 
 def build_stage(settings: Settings, quota: Quota, plans: Mapping[str, Plan], pools: Iterable[str], *,
-                rules: AdmissionRules | None = None) -> Stage:
-    """The admission consumer group, ready for ``run_stages``."""
+                rules: AdmissionRules | None = None, classifier: Classifier | None = None,
+                sealer: Sealer | None = None) -> Stage:
+    """The admission consumer group, ready for ``run_stages``; ``classifier`` runs the input check."""
     admission = Admission(quota, plans, rules or AdmissionRules.from_settings(settings, pools),
-                          Topics(settings.topic_prefix))
+                          Topics(settings.topic_prefix), classifier)
     # Keyed by user: one user's requests stay in order (their reservations), other users' go concurrently.
-    return Stage(ROLE, settings, (MessageSubmitted,), admission.handle, per_key=True)
+    return Stage(ROLE, settings, (MessageSubmitted,), admission.handle, per_key=True, sealer=sealer)

@@ -3,7 +3,9 @@
 A handler is ``async (event) -> list[Out]``; the loop produces its outputs and
 commits the record's offset only after they are acknowledged, so a crash
 re-handles a record (handlers are idempotent) but never loses one. Partitions
-are handled concurrently, records within one partition in order.
+are handled concurrently, records within one partition in order. With a ``Sealer``
+the handler sees opened events and its outputs are sealed on the way out; a record
+of a conversation whose data key is gone (deleted) is skipped.
 """
 from __future__ import annotations
 
@@ -17,10 +19,13 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from infra.config.settings import Settings
+from infra.stores.crypto import KeyGone
 from infra.stores.retry import until_stored
+from infra.stores.sealing import Sealer
 from schemas import Event
 from topics import Role, Topics
 from topics.clients import deadletter, decode_or_deadletter, enqueue, make_consumer, make_producer
+from topics.metrics import STAGE_HANDLE_SECONDS, STAGE_RECORDS
 from topics.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -39,17 +44,20 @@ Handler = Callable[[Any], Awaitable[list[Out]]]
 
 class Stage(Runner):
     def __init__(self, role: Role, settings: Settings, types: tuple[type[Event], ...], handler: Handler, *,
-                 per_key: bool = False, **consumer_options: Any) -> None:
+                 per_key: bool = False, sealer: Sealer | None = None, **consumer_options: Any) -> None:
         """Consumes the first topic ``role`` reads, in the stage's own group. ``per_key``: records of one
         partition with different keys are handled concurrently (in order per key), for a handler whose order
         only matters per key and whose time is mostly waiting on I/O."""
         super().__init__()
         self.name, self.settings, self.types, self.handler = role.stage, settings, types, handler
-        self.per_key = per_key
+        self.per_key, self.sealer = per_key, sealer
         self.topics = Topics(settings.topic_prefix)
         self.group = self.topics.group(role.stage)
         self._source, self._consumer_options = getattr(self.topics, role.reads[0].attr), consumer_options
         self.reset()
+        self._handled = STAGE_RECORDS.labels(stage=self.name, outcome="handled")
+        self._deadlettered = STAGE_RECORDS.labels(stage=self.name, outcome="deadlettered")
+        self._seconds = STAGE_HANDLE_SECONDS.labels(stage=self.name)
 
     def reset(self) -> None:
         """Fresh Kafka clients (a stopped aiokafka client cannot start again), for a restart after a failure."""
@@ -83,19 +91,39 @@ class Stage(Runner):
         acks: list[asyncio.Future[Any]] = []
         for record in records:
             event = await decode_or_deadletter(record, self.producer, self.topics, self.group, self.types)
-            if event is not None:
+            if event is None:
+                self._deadlettered.inc()
+            else:
                 began = time.time()
                 try:  # a store outage is waited out right here: this record and its offset keep their place
-                    outs = await until_stored(self.name, self.handler, event)
+                    outs = await until_stored(self.name, self._apply, event)
+                except KeyGone as gone:
+                    log.info("stage %s offset %d skipped: conversation %s deleted", self.name, record.offset,
+                             gone.conversation_id)
+                    continue
                 except Exception as exc:  # noqa: BLE001 - a poison record: dead-lettered with its error, not fatal
                     log.exception("stage %s offset %d: handler failed; dead-lettering the record", self.name,
                                   record.offset)
                     await deadletter(record, self.producer, self.topics, self.group, f"{type(exc).__name__}: {exc}")
+                    self._deadlettered.inc()
                     continue
                 # Outputs go out together and in order; the next record is handled while they are in flight.
                 for out in outs:
                     acks.append(await enqueue(self.producer, out.topic, out.event, out.key, out.partition))
+                self._handled.inc()
+                self._seconds.observe(time.time() - began)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("stage %s offset %d: fetched %.1f ms after produce, handled in %.1f ms", self.name,
                               record.offset, (began - record.timestamp / 1000) * 1000, (time.time() - began) * 1000)
         return acks
+
+    async def _apply(self, event: Event) -> list[Out]:
+        return await self._sealed(await self.handler(await self._open(event)))
+
+    async def _open(self, event: Event) -> Event:
+        return await self.sealer.open(event) if self.sealer else event
+
+    async def _sealed(self, outs: list[Out]) -> list[Out]:
+        if self.sealer is None:
+            return outs
+        return [Out(o.topic, await self.sealer.seal(o.event), o.key, o.partition) for o in outs]

@@ -3,16 +3,19 @@ from schemas.admission import RequestAdmitted, RequestRefused
 from schemas.base import Event, id_time_ms, new_id
 from schemas.codec import ALL_EVENTS, decode, encode
 from schemas.deadletter import EventDeadLettered
+from schemas.deletion import ConversationDeleted, ConversationPurged
 from schemas.errors import EventDecodeError, MalformedEvent, UnsupportedVersion
 from schemas.gateway import CancelRequested, MessageSubmitted
 from schemas.generation import GenerationFinished, GenerationStarted, TokensAppended, Usage
 from schemas.prompt import PromptBuilt
+from schemas.safety import Block, GenerationRetracted, InputBlocked
 from schemas.scheduler import GenerationQueued, GenerationRequested
 from schemas.settlement import UsageRecorded
 
 __all__ = [
-    "ALL_EVENTS", "CancelRequested", "Event", "EventDeadLettered", "EventDecodeError", "GenerationFinished",
-    "GenerationQueued", "GenerationRequested", "GenerationStarted", "MalformedEvent", "MessageSubmitted",
-    "PromptBuilt", "RequestAdmitted", "RequestRefused", "TokensAppended", "UnsupportedVersion", "Usage",
-    "UsageRecorded", "decode", "encode", "id_time_ms", "new_id",
+    "ALL_EVENTS", "Block", "CancelRequested", "ConversationDeleted", "ConversationPurged", "Event",
+    "EventDeadLettered", "EventDecodeError", "GenerationFinished", "GenerationQueued", "GenerationRequested",
+    "GenerationRetracted", "GenerationStarted", "InputBlocked", "MalformedEvent", "MessageSubmitted", "PromptBuilt",
+    "RequestAdmitted", "RequestRefused", "TokensAppended", "UnsupportedVersion", "Usage", "UsageRecorded", "decode",
+    "encode", "id_time_ms", "new_id",
 ]

@@ -5,6 +5,7 @@ from typing import Literal
 
 from schemas.base import Event
 from schemas.gateway import ChatTurn, PlanName
+from schemas.sampling import Sampling
 
 
 class RequestAdmitted(Event, frozen=True, kw_only=True):
@@ -26,10 +27,12 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     temperature: float | None = None
     history: list[ChatTurn] | None = None
     deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
+    history: list[ChatTurn] | str | None = None  # str: sealed
+    sampling: Sampling | str | None = None
 
 
 RefusalReason = Literal[
-    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long"
+    "daily_budget", "rate_limit", "concurrency", "queue_full", "overloaded", "invalid", "too_long", "blocked"
 ]
 
 

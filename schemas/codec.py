@@ -13,10 +13,12 @@ import msgspec
 from schemas.admission import RequestAdmitted, RequestRefused
 from schemas.base import Event
 from schemas.deadletter import EventDeadLettered
+from schemas.deletion import ConversationDeleted, ConversationPurged
 from schemas.errors import MalformedEvent, UnsupportedVersion
 from schemas.gateway import CancelRequested, MessageSubmitted
 from schemas.generation import GenerationFinished, GenerationStarted, TokensAppended
 from schemas.prompt import PromptBuilt
+from schemas.safety import GenerationRetracted, InputBlocked
 from schemas.scheduler import GenerationQueued, GenerationRequested
 from schemas.settlement import UsageRecorded
 
@@ -25,14 +27,18 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     CancelRequested,
     RequestAdmitted,
     RequestRefused,
+    InputBlocked,
     PromptBuilt,
     GenerationQueued,
     GenerationRequested,
     GenerationStarted,
     TokensAppended,
+    GenerationRetracted,
     GenerationFinished,
     UsageRecorded,
     EventDeadLettered,
+    ConversationDeleted,
+    ConversationPurged,
 )
 
 _encoder = msgspec.json.Encoder()

@@ -6,8 +6,9 @@ from typing import Literal
 import msgspec
 
 from schemas.base import Event
+from schemas.sampling import Sampling
 
-PlanName = Literal["free", "paid"]  # the account plans (their limits: infra/config/plans.py `Plan`)
+PlanName = Literal["free", "paid", "private"]  # the account plans (their limits: infra/config/plans.py `Plan`)
 
 
 class ChatTurn(msgspec.Struct, frozen=True):
@@ -26,15 +27,16 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     plan: PlanName
     message_id: str  # the user message; for a regenerate, the existing one
     client_message_id: str
-    content: str
+    content: str  # sealed with the conversation's data key (infra/stores/sealing.py)
     pool: str | None = None  # requested model pool; None = the default
     parent_id: str | None = None  # set for a regenerate: the user message being answered again
     regenerate: bool = False
     max_tokens: int | None = None
     temperature: float | None = None
-    history: list[ChatTurn] | None = None  # set: the prompt is this history, not the stored conversation
+    history: list[ChatTurn] | str | None = None  # set: the prompt is this history (str: sealed)
     gateway_id: str = ""
     deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
+    sampling: Sampling | str | None = None  # the client's sampling parameters; None: Parley's defaults
 
 
 class CancelRequested(Event, frozen=True, kw_only=True):
@@ -43,4 +45,4 @@ class CancelRequested(Event, frozen=True, kw_only=True):
     generation_id: str
     conversation_id: str
     user_id: str
-    reason: Literal["user", "abandoned", "overflow"] = "user"
+    reason: Literal["user", "abandoned", "overflow", "deleted"] = "user"

@@ -7,9 +7,11 @@ import msgspec
 
 from schemas.base import Event
 from schemas.gateway import PlanName
+from schemas.safety import Block
+from schemas.sampling import TokenLogprob
 from schemas.scheduler import Purpose
 
-Status = Literal["complete", "stopped", "length", "failed"]
+Status = Literal["complete", "stopped", "length", "failed", "blocked"]
 
 
 class GenerationStarted(Event, frozen=True, kw_only=True):
@@ -36,8 +38,9 @@ class TokensAppended(Event, frozen=True, kw_only=True):
     conversation_id: str
     user_id: str
     seq: int  # per generation, from 0, no gaps
-    text: str
-    token_ids: list[int]
+    text: str  # sealed
+    token_ids: list[int] | str  # str: sealed
+    logprobs: list[TokenLogprob] | str | None = None  # one per token id, only when the client asked; str: sealed
     epoch: int = 0  # the owner's fencing epoch (see GenerationStarted)
 
 
@@ -71,3 +74,4 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     started_at: float = 0.0
     first_token_at: float = 0.0
     epoch: int = 0  # the owner's fencing epoch (see GenerationStarted)
+    block: Block | None = None  # status blocked: why (the text is the notice)

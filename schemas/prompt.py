@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from schemas.base import Event
 from schemas.gateway import PlanName
+from schemas.sampling import Sampling
 
 
 class PromptBuilt(Event, frozen=True, kw_only=True):
@@ -16,7 +17,7 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     user_message_id: str
     assistant_message_id: str
     turn: int
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | str  # str: sealed
     max_tokens: int
     reserved_tokens: int
     turns_kept: int = 0
@@ -25,3 +26,4 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     temperature: float | None = None
     deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
     question: str = ""  # the user's message, for the last-resort tier's prepared replies
+    sampling: Sampling | str | None = None

@@ -5,6 +5,7 @@ from typing import Literal
 
 from schemas.base import Event
 from schemas.gateway import PlanName
+from schemas.sampling import Sampling
 
 Lane = Literal["paid", "free"]
 # The one table of lanes: in the order they are served, each with the engine priority its requests run at
@@ -38,7 +39,7 @@ class GenerationRequested(Event, frozen=True, kw_only=True):
     plan: PlanName
     pool: str
     lane: Lane
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | str  # str: sealed
     max_tokens: int
     priority: int = 0  # lower runs first (vLLM's convention)
     message_id: str = ""  # the assistant message this generation writes
@@ -49,3 +50,4 @@ class GenerationRequested(Event, frozen=True, kw_only=True):
     reserved_tokens: int = 0
     route_reason: str = "default"
     enqueued_at: float = 0.0
+    sampling: Sampling | str | None = None  # kept on redelivery: a recovering worker samples the same way

@@ -22,3 +22,5 @@ class UsageRecorded(Event, frozen=True, kw_only=True):
     charged_tokens: int
     started_at: float = 0.0
     finished_at: float = 0.0
+    block_category: str = ""  # status blocked: the category and the rules version that decided it
+    rules_version: str = ""

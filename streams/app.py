@@ -6,6 +6,7 @@ so stages scale and fail independently even when one process hosts them all.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from schemas import encode
 from streams.codec import CODEC_NAME, register
 from topics import Topic, Topics
 from topics.clients import deadletter_event, log_deadlettered
+from topics.metrics import STAGE_HANDLE_SECONDS, STAGE_RECORDS
 from topics.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,27 @@ def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
         consumer_auto_offset_reset="earliest",
     )
     options.update(overrides)
-    return faust.App(app_id, **options)
+    app = faust.App(app_id, **options)
+    app.sensors.add(StageSensor(stage))
+    return app
+
+
+class StageSensor(faust.Sensor):
+    """The same per-stage record count and handling time the aiokafka stages export."""
+
+    def __init__(self, stage: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.records = STAGE_RECORDS.labels(stage=stage, outcome="handled")
+        self.seconds = STAGE_HANDLE_SECONDS.labels(stage=stage)
+
+    def on_stream_event_in(self, tp: Any, offset: int, stream: Any, event: Any) -> dict[str, float]:
+        return {"began": time.monotonic()}
+
+    def on_stream_event_out(self, tp: Any, offset: int, stream: Any, event: Any,
+                            state: dict[str, float] | None = None) -> None:
+        self.records.inc()
+        if state:
+            self.seconds.observe(time.monotonic() - state["began"])
 
 
 def faust_datadir(settings: Settings, app_id: str) -> str:

@@ -1,4 +1,4 @@
-"""``parley billing replay --since ISO --until ISO``: audit usage against the stores.
+"""``parley billing replay --since ISO [--until ISO]`` (until: now): audit usage against the stores.
 
 Reads the ``usage`` topic again, recomputes per (user, day) totals (each
 generation once), and compares them with Cassandra's ``usage_by_day`` (written by
@@ -126,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     cmd = actions.add_parser("replay", help="recompute usage from the topic and compare with the stores")
     cmd.add_argument("--since", required=True, type=parse_when, help="ISO time (UTC if no zone)")
-    cmd.add_argument("--until", required=True, type=parse_when, help="ISO time (UTC if no zone)")
+    cmd.add_argument("--until", type=parse_when, default=None, help="ISO time (UTC if no zone); default: now")
 
 
 async def _run(settings: Settings, since: datetime, until: datetime) -> tuple[list[Mismatch], int]:
@@ -144,6 +144,7 @@ async def _run(settings: Settings, since: datetime, until: datetime) -> tuple[li
 
 
 def run(args: argparse.Namespace) -> int:
-    mismatches, checked = asyncio.run(_run(Settings.from_env(), args.since, args.until))
+    until = args.until or datetime.now(UTC)
+    mismatches, checked = asyncio.run(_run(Settings.from_env(), args.since, until))
     print_report(mismatches, checked)
     return 1 if mismatches else 0

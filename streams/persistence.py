@@ -4,7 +4,10 @@ conversation moved to the top of its owner's list; after the first exchange a ti
 request to the small pool; finished titles and summaries stored.
 
 Every write is keyed (conversation + turn + message id, generation id) and uses the
-event's own timestamps, so a redelivered event rewrites the same values.
+event's own timestamps, so a redelivered event rewrites the same values. Text arrives
+sealed and is stored sealed (the repositories' sealer). For a no-retention plan only the
+generation row (ids and counts) is written, and the conversation's data key is destroyed
+as its reply ends. An event whose conversation's key is gone (deleted) is skipped.
 """
 from __future__ import annotations
 
@@ -17,7 +20,9 @@ import faust
 
 from infra.stores import keys
 from infra.stores.conversations import Conversations, Message
+from infra.stores.crypto import KeyGone
 from infra.stores.records import Records, Summary
+from infra.stores.sealing import Sealer
 from schemas import GenerationFinished, GenerationRequested
 from schemas.scheduler import BACKGROUND_PRIORITY
 from streams.app import applied, topic
@@ -32,12 +37,32 @@ TITLE_INSTRUCTION = ("Write a title of at most six words for this conversation. 
 
 class Persistence:
     def __init__(self, conversations: Conversations, records: Records, redis: Any, topics: Topics,
-                 chat_ids: Callable[[list[dict[str, str]]], list[int]]) -> None:
+                 chat_ids: Callable[[list[dict[str, str]]], list[int]], sealer: Sealer | None = None,
+                 keep_nothing: frozenset[str] = frozenset()) -> None:
         self.conversations, self.records, self.redis, self.topics = conversations, records, redis, topics
-        self.chat_ids = chat_ids
+        self.chat_ids, self.sealer, self.keep_nothing = chat_ids, sealer, keep_nothing
 
     async def handle(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
-        """Apply one finished generation; returns events to send as (topic, event, key)."""
+        """Apply one finished generation; returns events to send as (topic, event, key), sealed."""
+        if e.plan in self.keep_nothing:
+            return await self._keep_nothing(e)
+        try:
+            outs = await self._apply(await self.sealer.open(e) if self.sealer else e)
+            return [(t, await self.sealer.seal(o) if self.sealer else o, k) for t, o, k in outs]
+        except KeyGone:
+            log.info("generation %s not saved: conversation %s deleted", e.generation_id, e.conversation_id)
+            return []
+
+    async def _keep_nothing(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
+        if e.purpose == "reply":
+            await self._save_generation(e)
+            if self.sealer is not None:
+                await self.sealer.keys.destroy(e.conversation_id)
+            log.info("generation %s ended (%s, %d out tokens): nothing kept, data key destroyed", e.generation_id,
+                     e.status, e.usage.completion_tokens)
+        return []
+
+    async def _apply(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
         if e.purpose == "title":
             await self._title(e)
             return []
@@ -55,27 +80,32 @@ class Persistence:
                         e.epoch, current.decode())
             return []  # a fenced-off worker's finish: the current owner's is the one to save
         finished_at = datetime.fromtimestamp(e.at, UTC)
+        conv = await self.conversations.get(e.conversation_id)
+        if conv is None:
+            return []  # deleted: nothing is written for it any more
         existing = await self.conversations.get_message(e.conversation_id, e.turn, e.message_id)
         await self.conversations.save_message(Message(
             e.conversation_id, e.turn, e.message_id, "assistant", e.text, status=e.status,
             tokens_in=e.usage.prompt_tokens, tokens_out=e.usage.completion_tokens,
             tokens_cached=e.usage.cached_prompt_tokens, model=e.model, pool=e.pool, parent_id=e.parent_id,
             generation_id=e.generation_id, route_reason=e.route_reason,
-            created_at=existing.created_at if existing else finished_at, finished_at=finished_at))
-        await self.records.save_generation(
-            generation_id=e.generation_id, conversation_id=e.conversation_id, user_id=e.user_id,
-            message_id=e.message_id, user_message_id=e.parent_id or "", turn=e.turn, status=e.status,
-            model_pool=e.pool, model=e.model, replica=e.worker_id, queued_at=e.started_at or None,
-            first_token_at=e.first_token_at or None, finished_at=e.at)
-        conv = await self.conversations.get(e.conversation_id)
-        if conv is None:
-            return []
+            created_at=existing.created_at if existing else finished_at, finished_at=finished_at,
+            block_category=e.block.category if e.block else None,
+            rules_version=e.block.rules_version if e.block else None))
+        await self._save_generation(e)
         await self.conversations.touch(conv, finished_at)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
                  e.usage.prompt_tokens, e.usage.completion_tokens)
         if conv.title is None and e.status == "complete" and e.text.strip():
             return await self._ask_for_title(e)
         return []
+
+    async def _save_generation(self, e: GenerationFinished) -> None:
+        await self.records.save_generation(
+            generation_id=e.generation_id, conversation_id=e.conversation_id, user_id=e.user_id,
+            message_id=e.message_id, user_message_id=e.parent_id or "", turn=e.turn, status=e.status,
+            model_pool=e.pool, model=e.model, replica=e.worker_id, queued_at=e.started_at or None,
+            first_token_at=e.first_token_at or None, finished_at=e.at)
 
     async def _ask_for_title(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
         if not await self.redis.set(keys.title_requested(e.conversation_id), e.generation_id, nx=True, ex=86400):
@@ -93,8 +123,8 @@ class Persistence:
     async def _title(self, e: GenerationFinished) -> None:
         title = _clean_title(e.text)
         conv = await self.conversations.get(e.conversation_id)
-        if conv is None or not title or conv.title == title:
-            return
+        if conv is None or not title or conv.title is not None:
+            return  # deleted, empty, or already titled (by the user's rename, or an earlier title)
         await self.conversations.touch(conv, conv.updated_at, title=title)
         log.info("conversation %s titled (%d chars)", e.conversation_id, len(title))
 

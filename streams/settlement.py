@@ -73,7 +73,9 @@ class Settlement:
         return await self.quota.settle(
             finished.generation_id, usage.prompt_tokens, usage.completion_tokens,
             tokens_cached=usage.cached_prompt_tokens, status=finished.status, model=finished.model,
-            pool=finished.pool, started_at=finished.started_at, finished_at=finished.at)
+            pool=finished.pool, started_at=finished.started_at, finished_at=finished.at,
+            block_category=finished.block.category if finished.block else "",
+            rules_version=finished.block.rules_version if finished.block else "")
 
     async def _retrying(self, call: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
         delay = self.retry_s

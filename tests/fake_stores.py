@@ -77,7 +77,8 @@ class FakeQuota:
 
     async def settle(self, generation_id: str, tokens_in: int, tokens_out: int, *, tokens_cached: int = 0,
                      status: str = "complete", model: str = "", pool: str = "", started_at: float = 0.0,
-                     finished_at: float = 0.0, now: float | None = None) -> Settled | None:
+                     finished_at: float = 0.0, now: float | None = None, block_category: str = "",
+                     rules_version: str = "") -> Settled | None:
         if self.failures_left:
             from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -89,7 +90,7 @@ class FakeQuota:
             return None
         marker = settled_marker(generation_id, reserved=reservation.amount, tokens_in=tokens_in,
                                 tokens_out=tokens_out, charged=tokens_in + tokens_out, status=status, model=model,
-                                pool=pool)
+                                pool=pool, block_category=block_category, rules_version=rules_version)
         self.markers[generation_id] = marker
         return marker
 
@@ -151,3 +152,29 @@ class FakeRecords:
 
 def conversation(conversation_id: str = "c", user_id: str = "u", title: str | None = None) -> Conversation:
     return Conversation(conversation_id, user_id, title, None, datetime(2026, 12, 1, tzinfo=UTC))
+
+
+class FakeDataKeys:
+    """Which conversations have a data key (the gateway makes one before sealing a message)."""
+
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+
+    async def ensure(self, conversation_id: str, tenant_id: str) -> None:
+        self.live.add(conversation_id)
+
+    async def destroy(self, conversation_id: str) -> None:
+        self.live.discard(conversation_id)
+
+
+@dataclass
+class FakeSealer:
+    """Seals nothing (these tests are about routing, not encryption: tests/unit/test_sealing.py is)."""
+
+    keys: FakeDataKeys = field(default_factory=FakeDataKeys)
+
+    async def seal(self, event: Any) -> Any:
+        return event
+
+    async def open(self, event: Any) -> Any:
+        return event

@@ -14,12 +14,16 @@ from dataclasses import dataclass
 
 from schemas import (
     CancelRequested,
+    ConversationDeleted,
+    ConversationPurged,
     Event,
     EventDeadLettered,
     GenerationFinished,
     GenerationQueued,
     GenerationRequested,
+    GenerationRetracted,
     GenerationStarted,
+    InputBlocked,
     MessageSubmitted,
     PromptBuilt,
     RequestAdmitted,
@@ -46,8 +50,10 @@ REAPER = "reaper"
 USAGE_ROLLUP = "usage-rollup"
 ABANDONED = "abandoned"
 BILLING = "billing"
+PURGE = "purge"
+RETENTION = "retention"
 STAGES = (GATEWAY, ADMISSION, PROMPT, SCHEDULER, GENERATION, SETTLEMENT, PERSISTENCE, REAPER, USAGE_ROLLUP,
-          ABANDONED, BILLING)
+          ABANDONED, BILLING, PURGE, RETENTION)
 
 
 @dataclass(frozen=True)
@@ -69,30 +75,38 @@ class Topic:
 
 REQUESTS = Topic("requests", "chat.requests", "user_id", (MessageSubmitted,), 6, 7 * DAY_MS,
                  (GATEWAY,), (ADMISSION,))
-ADMITTED = Topic("admitted", "chat.admitted", "conversation_id", (RequestAdmitted,), 6, 7 * DAY_MS,
+ADMITTED = Topic("admitted", "chat.admitted", "conversation_id", (RequestAdmitted, InputBlocked), 6, 7 * DAY_MS,
                  (ADMISSION,), (PROMPT,))
 PROMPTS = Topic("prompts", "chat.prompts", "conversation_id", (PromptBuilt,), 6, 7 * DAY_MS,
                 (PROMPT,), (SCHEDULER,))
 # The token buffer: 10 minutes, the seed's TTL. Readers find a generation's partition from its key, so the
 # SSE event id can be the bare offset.
 TOKENS = Topic("tokens", "chat.tokens", "generation_id",
-               (RequestRefused, GenerationQueued, GenerationStarted, TokensAppended, GenerationFinished),
+               (RequestRefused, GenerationQueued, GenerationStarted, TokensAppended, GenerationRetracted,
+                GenerationFinished),
                6, 10 * MINUTE_MS, (ADMISSION, PROMPT, SCHEDULER, GENERATION), (GATEWAY, GENERATION, ABANDONED))
 REPLIES = Topic("replies", "chat.replies", "conversation_id", (GenerationFinished,), 6, 7 * DAY_MS,
                 (GENERATION, SCHEDULER), (SETTLEMENT, PERSISTENCE, SCHEDULER, REAPER))
 # Broadcast: every worker reads every partition without a group.
 CONTROL = Topic("control", "chat.control", "generation_id", (CancelRequested,), 1, 1 * HOUR_MS,
-                (GATEWAY, ABANDONED), (GENERATION,))
+                (GATEWAY, ABANDONED, RETENTION), (GENERATION,))
 USAGE = Topic("usage", "usage", "user_id", (UsageRecorded,), 6, 30 * DAY_MS,
               (SETTLEMENT, REAPER), (USAGE_ROLLUP, BILLING))
 # Every stage that decodes records wraps the ones it cannot decode here; nothing reads it but people.
 DEADLETTER = Topic("deadletter", "chat.deadletter", "source topic", (EventDeadLettered,), 1, 14 * DAY_MS,
-                   (ADMISSION, PROMPT, SCHEDULER, GENERATION, SETTLEMENT, PERSISTENCE, USAGE_ROLLUP), ())
+                   (ADMISSION, PROMPT, SCHEDULER, GENERATION, SETTLEMENT, PERSISTENCE, USAGE_ROLLUP, PURGE), ())
+# Deletions: the purge stage removes what a deleted conversation left behind; the audit keeps a year of what
+# was removed (ids and counts, never text).
+DELETIONS = Topic("deletions", "chat.deletions", "conversation_id", (ConversationDeleted,), 3, 7 * DAY_MS,
+                  (GATEWAY, RETENTION), (PURGE,))
+PURGES = Topic("purges", "audit.purges", "conversation_id", (ConversationPurged,), 1, 365 * DAY_MS,
+               (PURGE,), ())
 # One topic per (pool, lane): the scheduler's queues; titles and summaries go straight to the small pool's free lane.
 GENERATE = Topic("generate", "generate.{pool}.{lane}", "conversation_id", (GenerationRequested,), 4, 7 * DAY_MS,
                  (SCHEDULER, PROMPT, PERSISTENCE), (GENERATION,))
 
-FIXED: tuple[Topic, ...] = (REQUESTS, ADMITTED, PROMPTS, TOKENS, REPLIES, CONTROL, USAGE, DEADLETTER)
+FIXED: tuple[Topic, ...] = (REQUESTS, ADMITTED, PROMPTS, TOKENS, REPLIES, CONTROL, USAGE, DEADLETTER, DELETIONS,
+                            PURGES)
 ALL: tuple[Topic, ...] = (*FIXED, GENERATE)
 
 
@@ -126,6 +140,8 @@ class Topics:
     control: str
     usage: str
     deadletter: str
+    deletions: str
+    purges: str
 
     def __init__(self, prefix: str = "", pools: Iterable[str] = ()) -> None:
         self.prefix, self.pools = prefix, tuple(pools)

@@ -7,12 +7,17 @@ clients in order, loops until ``stop()``, then cancels the background work and s
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Coroutine
 from typing import Any
 
+from topics.metrics import STAGE_UP
+
 log = logging.getLogger(__name__)
+# The stage this task runs; tasks it starts inherit it, so every log line logged on its behalf names it.
+current_stage: contextvars.ContextVar[str] = contextvars.ContextVar("parley_stage", default="")
 
 
 class Runner:
@@ -43,6 +48,8 @@ class Runner:
         return self._stopping.is_set()
 
     async def run(self) -> None:
+        current_stage.set(self.name)
+        STAGE_UP.labels(stage=self.name).set(1)
         started: list[Any] = []
         try:
             for client in self.clients():
@@ -58,6 +65,7 @@ class Runner:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
+            STAGE_UP.labels(stage=self.name).set(0)
             for client in reversed(started):
                 await client.stop()
 

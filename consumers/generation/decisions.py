@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from consumers.generation.recovery import Saved
-from schemas import GenerationFinished, GenerationRequested, Usage
+from schemas import Block, GenerationFinished, GenerationRequested, Usage
 from schemas.generation import Status
 
 
@@ -43,6 +43,8 @@ def decide(req: GenerationRequested, limits: Limits, cancelled: bool, saved: Sav
         return Finish("failed", f"request for pool {req.pool!r} reached a worker of pool {limits.pool!r}")
     if not req.prompt_token_ids:
         return Finish("failed", "empty prompt")
+    if isinstance(req.prompt_token_ids, str):
+        return Finish("failed", "the prompt reached the engine still sealed")
     if req.max_tokens < 1:
         return Finish("failed", f"max_tokens must be at least 1, got {req.max_tokens}")
     prompt = list(req.prompt_token_ids) + saved.token_ids
@@ -68,10 +70,10 @@ def status_for(finish_reason: str | None, cancelled: bool) -> Status:
 
 def finished_event(req: GenerationRequested, limits: Limits, worker_id: str, status: Status, text: str,
                    usage: Usage, last_seq: int, reason: str = "", started_at: float = 0.0,
-                   first_token_at: float = 0.0) -> GenerationFinished:
+                   first_token_at: float = 0.0, block: Block | None = None) -> GenerationFinished:
     return GenerationFinished(
         generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
         plan=req.plan, message_id=req.message_id, turn=req.turn, parent_id=req.parent_id, status=status,
         text=text, usage=usage, model=limits.model, pool=limits.pool, worker_id=worker_id, last_seq=last_seq,
         reason=reason, purpose=req.purpose, reserved_tokens=req.reserved_tokens, route_reason=req.route_reason,
-        started_at=started_at, first_token_at=first_token_at)
+        started_at=started_at, first_token_at=first_token_at, block=block)

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import msgspec
 
+from consumers.generation.sampling import GREEDY, Sampling, logprobs_of, vllm_kwargs
+from schemas.sampling import TokenLogprob
+
 if TYPE_CHECKING:
     from infra.config.pools import PoolConfig
 
@@ -48,6 +51,7 @@ class StepOutput(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache (0 if unknown)
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
 
 
 class EngineStats(TypedDict):
@@ -57,15 +61,6 @@ class EngineStats(TypedDict):
     waiting: int
     kv_cache_usage: float  # fraction of KV blocks in use, 0..1
     prefix_cache_hit_rate: float | None  # hit tokens / queried tokens over recent requests; None before any
-
-
-class Sampling(msgspec.Struct, frozen=True, kw_only=True):
-    temperature: float = 0.0  # greedy unless asked
-    top_p: float = 1.0
-    seed: int | None = None
-
-
-GREEDY = Sampling()
 
 
 class Engine(Protocol):
@@ -143,19 +138,17 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        try:
+            params = SamplingParams(max_tokens=max_tokens, output_kind=RequestOutputKind.DELTA,
+                                    **vllm_kwargs(sampling))
+        except (ValueError, VLLMValidationError) as exc:  # a value vLLM refuses: this request only
+            raise RequestRejected(str(exc)) from exc
         # The fcfs scheduler rejects a non-zero priority; a pool configured fcfs just ignores it.
         priority = priority if self.effective["scheduling_policy"] == "priority" else 0
         try:
             async for out in self._llm.generate(tokens_input(list(prompt_token_ids)), params, request_id,
                                                 priority=priority):
-                yield _step_output(request_id, len(prompt_token_ids), out)
+                yield _step_output(request_id, len(prompt_token_ids), out, sampling.logprobs)
         except VLLMValidationError as exc:
             raise RequestRejected(str(exc)) from exc
         except EngineDeadError as exc:
@@ -215,16 +208,18 @@ def effective_settings(vllm_config: Any) -> dict[str, Any]:
     }
 
 
-def _step_output(request_id: str, prompt_tokens: int, out: Any) -> StepOutput:
+def _step_output(request_id: str, prompt_tokens: int, out: Any, top_logprobs: int | None) -> StepOutput:
     completion = out.outputs[0]
+    token_ids = tuple(completion.token_ids)
     return StepOutput(
         request_id=request_id,
-        token_ids=tuple(completion.token_ids),
+        token_ids=token_ids,
         text=completion.text,
         finished=out.finished,
         finish_reason=str(completion.finish_reason) if completion.finish_reason is not None else None,
         prompt_tokens=prompt_tokens,
         cached_prompt_tokens=out.num_cached_tokens or 0,
+        logprobs=None if top_logprobs is None else logprobs_of(token_ids, completion.logprobs, top_logprobs),
     )
 
 

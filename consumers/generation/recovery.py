@@ -27,7 +27,8 @@ class Saved:
 
     @property
     def token_ids(self) -> list[int]:
-        return [t for seq in sorted(self.chunks) for t in self.chunks[seq].token_ids]
+        """The saved ids (chunks opened by the worker; a still-sealed chunk has none to offer)."""
+        return [t for seq in sorted(self.chunks) for t in self.chunks[seq].token_ids if isinstance(t, int)]
 
     @property
     def text(self) -> str:

@@ -3,9 +3,14 @@ runs each request on the engine, appends ``GenerationStarted`` / ``TokensAppende
 ``GenerationFinished`` to ``chat.tokens`` and the finish to ``chat.replies``.
 
 Hears every ``CancelRequested`` on ``chat.control`` (no group: a broadcast) and aborts
-the sequence before the engine's next step. Offsets are committed only past requests
+the sequence before the engine's next step. The output safety check runs here, beside the
+engine loop (``consumers/safety/output.py``): a flagged chunk aborts the sequence the same way,
+then ``GenerationRetracted`` and a ``blocked`` finish go out. Offsets are committed only past requests
 that have finished. A redelivered request that another worker had started is
-continued from the tokens it saved.
+continued from the tokens it saved. Prompts arrive sealed and tokens leave sealed with
+the conversation's data key (a request that came unsealed, from a tool that wrote it
+by hand, is answered unsealed); a request whose conversation was deleted (key gone)
+ends at once as ``stopped`` with no text.
 """
 from __future__ import annotations
 
@@ -24,13 +29,18 @@ from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
 from consumers.generation.decisions import Finish, Generate, Limits, decide, finished_event, status_for
-from consumers.generation.engine import Sampling
 from consumers.generation.fencing import Fence
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
 from consumers.generation.recovery import Saved, read_saved
+from consumers.generation.sampling import for_request
+from consumers.safety.classifier import Verdict
+from consumers.safety.metrics import SafetyMetrics
+from consumers.safety.output import OutputCheck, OutputGuard
 from infra.config.settings import Settings
 from infra.stores import keys
+from infra.stores.crypto import KeyGone
+from infra.stores.sealing import Sealer, is_sealed
 from schemas import (
     CancelRequested,
     GenerationRequested,
@@ -68,16 +78,19 @@ class _Rebalance(ConsumerRebalanceListener):
 class GenerationWorker:
     def __init__(self, settings: Settings, limits: Limits, engine: Any, capacity: int,
                  worker_id: str | None = None, metrics_port: int | None = None,
-                 on_ready: Any = None) -> None:
-        self.on_ready = on_ready
+                 on_ready: Any = None, classifier: Any = None, metrics_host: str = "127.0.0.1",
+                 sealer: Sealer | None = None) -> None:
+        self.on_ready, self.sealer = on_ready, sealer
+        self.sealing: set[str] = set()  # generations whose request came sealed: their tokens leave sealed
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
         self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"
         self.topics = Topics(settings.topic_prefix)
         self.group = self.topics.group(GENERATION, limits.pool)
         self.paid, self.free = self.topics.generate(limits.pool, "paid"), self.topics.generate(limits.pool, "free")
         self.tracker = OffsetTracker()
-        self.metrics = WorkerMetrics(limits.pool)
-        self.metrics_port = metrics_port
+        self.metrics = WorkerMetrics(limits.pool, settings.gpu_hour_usd, settings.gpus_per_worker)
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host
+        self.safety = None if classifier is None else OutputCheck(classifier, SafetyMetrics.of(self.metrics.registry))
         self.active: dict[str, asyncio.Task[None]] = {}
         self.cancelled: dict[str, float] = {}  # generation_id -> when the cancel was heard
         self._slot_freed = asyncio.Event()
@@ -95,7 +108,7 @@ class GenerationWorker:
         self.consumer.subscribe([self.paid, self.free], listener=_Rebalance(self))
         await self.consumer.start()
         if self.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(self.metrics_port)
+            self.metrics_port = self.metrics.serve(self.metrics_port, self.metrics_host)
         control = asyncio.create_task(self._control_loop(), name="control")
         stats = asyncio.create_task(self._stats_loop(), name="stats")
         alive = asyncio.create_task(self._alive_loop(), name="alive")
@@ -144,6 +157,7 @@ class GenerationWorker:
                 self.tracker.started(tp, record.offset)
                 self.active[f"{tp.topic}:{tp.partition}:{record.offset}"] = asyncio.create_task(
                     self._serve(tp, record))
+                self.metrics.active(len(self.active))
             await self.commit()
 
     async def _poll(self, slots: int) -> list[tuple[TopicPartition, Any]]:
@@ -194,7 +208,14 @@ class GenerationWorker:
         try:
             req = await decode_or_deadletter(record, self.producer, self.topics, self.group, (GenerationRequested,))
             if req is not None:
-                await self._generate(req)  # type: ignore[arg-type]
+                if self.sealer is not None and is_sealed(req.prompt_token_ids):  # type: ignore[attr-defined]
+                    self.sealing.add(req.generation_id)  # type: ignore[attr-defined]
+                try:
+                    await self._generate(await self._open(req))  # type: ignore[arg-type]
+                except KeyGone:
+                    await self._deleted(req)  # type: ignore[arg-type]
+                finally:
+                    self.sealing.discard(req.generation_id)  # type: ignore[attr-defined]
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - one bad request must not take the worker down
@@ -202,10 +223,12 @@ class GenerationWorker:
         finally:
             self.tracker.finished(tp, record.offset)
             self.active.pop(key, None)
+            self.metrics.active(len(self.active))
             self._slot_freed.set()
 
     async def _generate(self, req: GenerationRequested) -> None:
         picked_at = time.time()
+        self.metrics.picked(req.lane, req.enqueued_at, picked_at)
         # Fencing: this worker owns the generation from now on; a worker that held it before (presumed dead,
         # then woken) finds a newer epoch and stops, and every reader ignores its older epoch.
         await self.fence.take(req.generation_id)
@@ -230,8 +253,23 @@ class GenerationWorker:
         started_ms = await self.redis.get(keys.generation_started(req.generation_id))
         if started_ms is None:
             return Saved()
-        return await read_saved(self.settings.kafka_bootstrap, self.topics.tokens, req.generation_id,
-                                int(started_ms) - 5_000)
+        saved = await read_saved(self.settings.kafka_bootstrap, self.topics.tokens, req.generation_id,
+                                 int(started_ms) - 5_000)
+        saved.chunks = {seq: await self._open(chunk) for seq, chunk in saved.chunks.items()}
+        return saved
+
+    async def _open(self, event: Any) -> Any:
+        return await self.sealer.open(event) if self.sealer else event
+
+    async def _seal(self, event: Any) -> Any:
+        return await self.sealer.seal(event) if self.sealer and event.generation_id in self.sealing else event
+
+    async def _deleted(self, req: GenerationRequested) -> None:
+        """The conversation was deleted: end the reply now, with nothing in it (nothing left to seal it with)."""
+        await self.engine.abort(req.generation_id)
+        log.info("generation %s stopped: its conversation was deleted", req.generation_id)
+        await self._finish(finished_event(req, self.limits, self.worker_id, "stopped", "", Usage(), -1,
+                                          "conversation deleted"))
 
     async def _stream(self, req: GenerationRequested, gen: Generate, saved: Saved, picked_at: float) -> None:
         seq, text, pending = gen.first_seq, [saved.text], []
@@ -239,8 +277,10 @@ class GenerationWorker:
         prompt_tokens, cached, finish_reason = len(req.prompt_token_ids), 0, None
         first_token_at = saved.started.first_token_at if saved.started else 0.0
         announced, last_append = saved.started is not None, 0.0
+        guard = self.safety.start(req.plan, req.purpose) if self.safety is not None else None
+        shown, blocked = gen.first_seq - 1, None  # the last seq handed to the producer; the flagged verdict
         try:
-            sampling = Sampling(temperature=req.temperature, top_p=0.95 if req.temperature > 0 else 1.0)
+            sampling = for_request(req, saved_tokens=len(saved.token_ids), max_tokens=gen.max_tokens)
             async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
                                                   gen.priority, sampling):
                 now = time.time()
@@ -258,32 +298,67 @@ class GenerationWorker:
                     await asyncio.gather(*pending)
                     return
                 if out.token_ids or out.text:
-                    pending.append(await self.producer.send(self.topics.tokens, encode(TokensAppended(
-                        generation_id=req.generation_id, conversation_id=req.conversation_id,
-                        user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids),
-                        epoch=self.fence.epoch(req.generation_id))), key=req.generation_id.encode()))
+                    step = TokensAppended(generation_id=req.generation_id, conversation_id=req.conversation_id,
+                                          user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids),
+                                          logprobs=out.logprobs, epoch=self.fence.epoch(req.generation_id))
+                    if guard is not None and guard.holds:
+                        guard.hold(step)  # shown once its chunk has passed the check
+                    else:
+                        pending.append(await self._append(step))
+                        shown = seq
                     seq += 1
                     text.append(out.text)
                     completion += len(out.token_ids)
                     self.metrics.tokens.inc(len(out.token_ids))
+                    self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane).inc(len(out.token_ids))
                 if last_append:
                     self.metrics.itl.observe(now - last_append)
                 last_append = now
+                if guard is not None and guard.add(out.text, len(out.token_ids), out.finished):
+                    blocked = await self._checked(req, guard)
+                    if blocked is not None:
+                        break
+                    for held in guard.passed():
+                        pending.append(await self._append(held))
+                        shown = held.seq
                 if out.finished:
                     finish_reason = out.finish_reason
                     break
             status, reason = status_for(finish_reason, req.generation_id in self.cancelled), ""
         except asyncio.CancelledError:
             raise
+        except KeyGone:  # deleted while generating, before its cancel arrived: nothing more may be sealed
+            await self.engine.abort(req.generation_id)
+            status, reason, text = "stopped", "conversation deleted", []
         except Exception as exc:  # noqa: BLE001 - engine errors end this reply, not the worker
             log.exception("generation %s failed in the engine", req.generation_id)
             status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
         await asyncio.gather(*pending)
-        if status == "stopped":
+        if guard is not None and guard.held and blocked is None:  # the engine failed mid-chunk: never checked,
+            unshown, joined = "".join(h.text for h in guard.held), "".join(text)  # so never shown or saved
+            text, seq = [joined[:len(joined) - len(unshown)]], shown + 1
+        if status == "stopped" and blocked is None:
             self.metrics.aborts.inc()
+        block = None
+        if blocked is not None and self.safety is not None:
+            notice = await self.safety.retract(self.producer, self.redis, self.topics.tokens, req, blocked, shown)
+            status, block, text, seq = "blocked", blocked.block("output"), [notice], shown + 1
+            reason = f"output check: {block.category} ({block.score:.2f}), rules {block.rules_version}"
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion, cached_prompt_tokens=cached)
         await self._finish(finished_event(req, self.limits, self.worker_id, status, "".join(text), usage,
-                                          seq - 1, reason, picked_at, first_token_at))
+                                          seq - 1, reason, picked_at, first_token_at, block))
+
+    async def _append(self, step: TokensAppended) -> asyncio.Future[Any]:
+        """Checked (when held back) in clear here; sealed on the way out."""
+        return await self.producer.send(self.topics.tokens, encode(await self._seal(step)),
+                                        key=step.generation_id.encode())
+
+    async def _checked(self, req: GenerationRequested, guard: OutputGuard) -> Verdict | None:
+        """Classify the chunk just completed; a flagged one aborts the sequence before the next step."""
+        verdict = await self.safety.check(guard, req)  # type: ignore[union-attr]  # a guard implies safety
+        if verdict.flagged:
+            await self.engine.abort(req.generation_id)
+        return verdict if verdict.flagged else None
 
     async def _started(self, req: GenerationRequested, first_token_at: float, cached: int,
                        resumed: bool) -> asyncio.Future[Any]:
@@ -313,14 +388,24 @@ class GenerationWorker:
         if await self.fence.fenced(event.generation_id):
             return  # the newer owner finishes it
         event = msgspec.structs.replace(event, epoch=self.fence.epoch(event.generation_id))
+        try:
+            event = await self._seal(event)
+        except KeyGone:
+            event = msgspec.structs.replace(event, text="")  # deleted meanwhile: the finish carries no text
         # chat.tokens first: a recovering worker treats a finish there as final.
         await send(self.producer, self.topics.tokens, event, key=event.generation_id)
         await send(self.producer, self.topics.replies, event, key=event.conversation_id)
         if event.status == "failed":
             self.metrics.failures.inc()
+        self.metrics.replies.labels(pool=self.limits.pool, status=event.status).inc()
         log.info("generation %s %s: %d prompt / %d completion tokens, %d cached", event.generation_id,
                  event.status, event.usage.prompt_tokens, event.usage.completion_tokens,
-                 event.usage.cached_prompt_tokens)
+                 event.usage.cached_prompt_tokens, extra={
+                     "generation_id": event.generation_id, "conversation_id": event.conversation_id,
+                     "user_id": event.user_id, "pool": self.limits.pool, "status": event.status,
+                     "worker_id": self.worker_id, "prompt_tokens": event.usage.prompt_tokens,
+                     "completion_tokens": event.usage.completion_tokens,
+                     "cached_prompt_tokens": event.usage.cached_prompt_tokens})
 
     # -- cancels -----------------------------------------------------------------------------------------
     async def _control_loop(self) -> None:
@@ -361,6 +446,7 @@ class GenerationWorker:
             self.metrics.running.set(stats.get("running", len(self.active)))
             self.metrics.waiting.set(stats.get("waiting", 0))
             self.metrics.kv_usage.set(stats.get("kv_cache_usage", 0.0))
+            self.metrics.flush_busy()
             await asyncio.sleep(1.0)
 
 

@@ -4,7 +4,8 @@
 Saves the user message in Cassandra *before* generation (key conversation + turn),
 claims the client_message_id (a retried request joins the first one's generation),
 loads history, fits it to the token budget with the model's own tokenizer, and
-asks the small pool for a summary when older turns fall out.
+asks the small pool for a summary when older turns fall out. A message admission's input check
+blocked (``InputBlocked``) is saved as ``blocked``, its text replaced by the notice.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from consumers.prompt.fit import Turn, fit, fit_history
 from consumers.stage import Out
 from infra.stores.conversations import Conversations, Message
 from infra.stores.records import Records
-from schemas import GenerationRequested, PromptBuilt, RequestAdmitted, RequestRefused
+from schemas import GenerationRequested, InputBlocked, PromptBuilt, RequestAdmitted, RequestRefused
 from schemas.scheduler import BACKGROUND_PRIORITY
 from topics import GENERATE, Role, Topics
 from topics.catalogue import ADMITTED, DEADLETTER, PROMPT, PROMPTS, TOKENS
@@ -35,12 +36,16 @@ SUMMARY_INSTRUCTION = "Summarise this conversation in at most five sentences, ke
 class PromptBuilder:
     def __init__(self, conversations: Conversations, records: Records, topics: Topics,
                  tokenizer_for_pool: Callable[[str], Any], budget: int, max_model_len: Callable[[str], int],
-                 quota: Any = None) -> None:
+                 quota: Any = None, keep_nothing: frozenset[str] = frozenset()) -> None:
         self.conversations, self.records, self.topics = conversations, records, topics
+        self.keep_nothing = keep_nothing  # no-retention plans: the prompt is built, no text is stored
         self.tokenizer_for_pool, self.budget, self.max_model_len = tokenizer_for_pool, budget, max_model_len
         self.quota = quota
 
-    async def handle(self, req: RequestAdmitted) -> list[Out]:
+    async def handle(self, req: RequestAdmitted | InputBlocked) -> list[Out]:
+        if isinstance(req, InputBlocked):
+            await self._save_blocked(req)
+            return []
         if past_deadline(req.deadline):
             # Nothing written yet; the reservation is released at once, charging nothing.
             if self.quota is not None:
@@ -89,7 +94,8 @@ class PromptBuilder:
             assistant_message_id=req.generation_id, turn=turn, prompt_token_ids=ids,
             max_tokens=min(req.reply_cap, context - len(ids) - 1), reserved_tokens=req.reserved_tokens,
             turns_kept=fitted.turns_kept, summary_used=fitted.summary_used, route_reason=req.route_reason,
-            temperature=req.temperature, question=user_message.content[:500], deadline=req.deadline),
+            temperature=req.temperature, question=user_message.content[:500], sampling=req.sampling,
+            deadline=req.deadline),
             req.conversation_id)]
         if req.history is None and fitted.dropped_upto_turn is not None and (
                 summary is None or summary.upto_turn < fitted.dropped_upto_turn):
@@ -101,6 +107,20 @@ class PromptBuilder:
         log.debug("generation %s prompt stage: reads %.1f ms, build+writes+claim %.1f ms", req.generation_id,
                   (read_at - began) * 1000, (done - read_at) * 1000)
         return outs
+
+    async def _save_blocked(self, e: InputBlocked) -> None:
+        """The refused message, kept in its conversation as ``blocked`` (the notice, not the flagged text)."""
+        if e.regenerate:
+            return  # the message was saved (and answered) before; only this new reply was refused
+        history = await self.conversations.all_messages(e.conversation_id)
+        turn = next((m.turn for m in history if m.message_id == e.message_id),  # a redelivery: same row
+                    max((m.turn for m in history if m.role == "user"), default=-1) + 1)
+        await self.conversations.save_message(Message(
+            e.conversation_id, turn, e.message_id, "user", e.notice, status="blocked", generation_id=e.generation_id,
+            client_message_id=e.client_message_id, created_at=datetime.fromtimestamp(e.at, UTC),
+            block_category=e.block.category, rules_version=e.block.rules_version))
+        log.info("generation %s: user message saved as blocked (%s, rules %s)", e.generation_id, e.block.category,
+                 e.block.rules_version)
 
     def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message | None]:
         """The turn to answer and its user message (None when regenerating a message that is not there)."""
@@ -117,7 +137,7 @@ class PromptBuilder:
         """The prompt's token ids (or the refusal when it cannot fit the model)."""
         tok = self.tokenizer_for_pool(req.pool)
         turns: list[Turn] = []
-        if req.history is not None:  # the client sent the whole history (OpenAI-compatible API)
+        if isinstance(req.history, list):  # the client sent the whole history (OpenAI-compatible API)
             fitted = fit_history([(t.role, t.content) for t in req.history], tok.count, self.budget)
         else:
             turns = _turns(history, turn, user_text)
@@ -131,8 +151,10 @@ class PromptBuilder:
 
     def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
                 prompt_tokens: int) -> list[Awaitable[Any]]:
-        writes: list[Awaitable[Any]] = [self._save_placeholder(req, turn, user_message.message_id, history)]
-        if not req.regenerate:
+        writes: list[Awaitable[Any]] = []
+        if req.plan not in self.keep_nothing:
+            writes.append(self._save_placeholder(req, turn, user_message.message_id, history))
+        if not req.regenerate and req.plan not in self.keep_nothing:
             writes.append(self.conversations.save_message(user_message))
         if self.quota is not None:
             writes.append(self.quota.true_up(req.generation_id, prompt_tokens))  # estimate -> real prompt size
@@ -175,7 +197,8 @@ class PromptBuilder:
 
 def _turns(history: list[Message], current_turn: int, current_text: str) -> list[Turn]:
     """One (user, newest finished assistant) pair per earlier turn, then the turn to answer."""
-    users = {m.turn: m.content for m in history if m.role == "user" and m.turn < current_turn}
+    users = {m.turn: m.content for m in history if m.role == "user" and m.turn < current_turn
+             and m.status != "blocked"}  # a refused message is not part of what the model reads
     replies: dict[int, str] = {}
     for m in history:  # oldest first, so the newest sibling wins
         if m.role == "assistant" and m.turn < current_turn and m.status in ("complete", "stopped", "length"):

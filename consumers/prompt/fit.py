@@ -65,11 +65,12 @@ def _cost(t: Turn, count: Callable[[str], int]) -> int:
 
 
 def fit_history(messages: Sequence[tuple[str, str]], count: Callable[[str], int], budget: int) -> Fitted:
-    """A client-supplied history: the shared system prompt, the client's system messages, then the
-    newest other messages that fit (the last one, the question, always)."""
-    system = [c for r, c in messages if r == "system"]
+    """A client-supplied history: the client's own system messages (Parley's shared one only when the
+    client sent none: an API client's instructions replace it), then the newest other messages that fit
+    (the last one, the question, always)."""
+    system = [c for r, c in messages if r == "system"] or [SYSTEM_PROMPT]
     rest = [(r, c) for r, c in messages if r != "system"]
-    used = sum(count(c) + PER_MESSAGE_OVERHEAD for c in [SYSTEM_PROMPT, *system])
+    used = sum(count(c) + PER_MESSAGE_OVERHEAD for c in system)
     kept: list[tuple[str, str]] = []
     for role, content in reversed(rest):
         cost = count(content) + PER_MESSAGE_OVERHEAD
@@ -78,7 +79,6 @@ def fit_history(messages: Sequence[tuple[str, str]], count: Callable[[str], int]
         kept.append((role, content))
         used += cost
     kept.reverse()
-    out = [{"role": "system", "content": SYSTEM_PROMPT}] + [{"role": "system", "content": c} for c in system]
-    out += [{"role": r, "content": c} for r, c in kept]
+    out = [{"role": "system", "content": c} for c in system] + [{"role": r, "content": c} for r, c in kept]
     dropped = len(rest) - len(kept)
     return Fitted(out, len(kept), dropped - 1 if dropped else None, False)

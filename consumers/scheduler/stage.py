@@ -14,12 +14,15 @@ from collections import Counter
 from collections.abc import Coroutine
 from typing import Any
 
+from prometheus_client import Counter as PromCounter
+
 from consumers.deadlines import past_deadline
 from consumers.scheduler.canned import CANNED_MODEL, CANNED_POOL, CannedReplies
 from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
 from consumers.stage import Out, Stage
 from infra.config.plans import Plan
 from infra.config.settings import Settings
+from infra.stores.sealing import Sealer
 from schemas import (
     GenerationFinished,
     GenerationQueued,
@@ -37,6 +40,11 @@ from topics.clients import make_consumer
 from topics.partitioning import partition_for
 
 log = logging.getLogger(__name__)
+# The fallback rate's numerator (overflow, canned, refused) and denominator (every outcome), by plan and the
+# pool the request asked for.
+DECISIONS = PromCounter("parley_scheduler_decisions",
+                        "each request's route: routed, overflow (to small), canned (a prepared reply) or refused",
+                        ["plan", "pool", "outcome"])
 HOT_REPLICA_MARGIN = 4  # requests more than the least-loaded replica before affinity gives way
 # Reads chat.replies without a group (every scheduler hears every completion); writes a finished reply itself
 # when it serves a prepared one.
@@ -62,9 +70,11 @@ class Scheduler:
         if isinstance(decision, Refuse):
             prepared = self.canned.reply_for(p.question) if self.canned else None
             if prepared is not None:
+                DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="canned").inc()
                 log.info("generation %s served a prepared reply: every pool past the %s limit", p.generation_id,
                          p.plan)
                 return self._prepared(p, prepared)
+            DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="refused").inc()
             log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
             return [self._refuse(p, 503, decision.message, max(1.0, decision.wait_s - plan.queue_wait_limit_s))]
         topic = self.topics.generate(decision.pool, decision.lane)
@@ -73,8 +83,11 @@ class Scheduler:
         self.placed[p.generation_id] = (topic, partition)
         self.partition_load.setdefault(topic, Counter())[partition] += 1
         model = self.models[decision.pool]
+        outcome = "overflow" if decision.reason == "overflow" else "routed"
+        DECISIONS.labels(plan=p.plan, pool=p.pool, outcome=outcome).inc()
         log.info("generation %s -> %s[%d] position %d wait %.1fs (%s)", p.generation_id, topic, partition,
-                 decision.position, decision.wait_s, decision.reason)
+                 decision.position, decision.wait_s, decision.reason,
+                 extra={"generation_id": p.generation_id, "plan": p.plan, "pool": decision.pool, "lane": decision.lane})
         return [
             Out(self.topics.tokens, GenerationQueued(
                 generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
@@ -88,7 +101,7 @@ class Scheduler:
                 priority=LANE_PRIORITY[decision.lane], message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
                 route_reason=decision.reason if decision.reason == "overflow" else p.route_reason,
-                enqueued_at=time.time(), **_temperature(p)),
+                enqueued_at=time.time(), sampling=p.sampling, **_temperature(p)),
                 p.conversation_id, partition),
         ]
 
@@ -141,13 +154,14 @@ class Scheduler:
 class SchedulerStage(Stage):
     """The scheduler's stage plus its follower of ``chat.replies`` (completions feed the service rate)."""
 
-    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any],
+                 sealer: Sealer | None = None) -> None:
         topics = Topics(settings.topic_prefix)
         queues = Queues({name: PoolLoad(capacity=cfg.max_num_seqs, prior_rate=max(cfg.max_num_seqs / 20, 0.1))
                          for name, cfg in pools.items()})
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
                                    CannedReplies.load(settings.canned_file))
-        super().__init__(ROLE, settings, (PromptBuilt,), self.scheduler.handle)
+        super().__init__(ROLE, settings, (PromptBuilt,), self.scheduler.handle, sealer=sealer)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
         return [self._follow_replies()]

@@ -1,14 +1,70 @@
-"""One logging set-up for every service process: INFO, plus DEBUG for the loggers named in
-``Settings.debug`` (comma-separated in the environment, e.g. ``consumers.stage,consumers.generation.worker``)."""
+"""One logging set-up for every service process.
+
+``Settings.log_format`` ``json`` writes one JSON object per line (``time``, ``level``, ``process``, ``stage``,
+``logger``, ``msg`` and, where the call passed them as ``extra``, ids and token counts) for a log
+shipper; ``text`` is the plain line for a terminal; ``auto`` (the default) picks text when stderr is a
+terminal and JSON otherwise, so the logs `parley up` writes to files are JSON. ``Settings.debug`` names
+loggers to run at DEBUG (comma-separated in the environment, e.g. ``consumers.stage,consumers.generation.worker``).
+
+The stage a line belongs to comes from ``topics.runner.current_stage``, a context variable each stage sets
+when it starts, so every task it spawns (and every library line logged inside them) carries it.
+"""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import sys
+import time
+
+import orjson
+
+from infra.config.settings import Settings
+from topics.runner import current_stage
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# ``extra`` keys copied into the JSON object: ids and counts only, never message text.
+FIELDS = ("generation_id", "conversation_id", "user_id", "message_id", "worker_id", "gateway_id", "plan", "pool",
+          "lane", "status", "prompt_tokens", "completion_tokens", "cached_prompt_tokens", "reserved_tokens",
+          "offset", "partition", "topic")
 
 
-def configure(debug: Iterable[str] = ()) -> None:
-    logging.basicConfig(level=logging.INFO, format=FORMAT)
-    for name in debug:
+class JsonFormatter(logging.Formatter):
+    def __init__(self, process: str) -> None:
+        super().__init__()
+        self.process = process
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, object] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "process": self.process,
+            "stage": getattr(record, "stage", None) or current_stage.get() or None,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for name in FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                data[name] = value
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(data, default=str).decode()
+
+
+def use_json(fmt: str, stream: object = None) -> bool:
+    if fmt == "auto":
+        isatty = getattr(stream if stream is not None else sys.stderr, "isatty", None)
+        return not (isatty is not None and isatty())
+    return fmt == "json"
+
+
+def configure(process: str = "parley", settings: Settings | None = None) -> None:
+    settings = settings or Settings.from_env()
+    handler = logging.StreamHandler()
+    if use_json(settings.log_format, handler.stream):
+        handler.setFormatter(JsonFormatter(process))
+    else:
+        handler.setFormatter(logging.Formatter(FORMAT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    for name in settings.debug:
         logging.getLogger(name).setLevel(logging.DEBUG)

@@ -1,4 +1,5 @@
-"""Plans (free, paid): budgets, bucket, running-reply cap, reply cap and queue wait limit.
+"""Plans (free, paid, private): budgets, bucket, running-reply cap, reply cap, queue wait limit, and
+what is kept: ``retention_days`` (0: until deleted) and ``no_retention`` (no text stored at all).
 
 Read once per process from the file ``Settings.plans_file`` names (``infra/config/plans.toml`` by default).
 """
@@ -23,6 +24,8 @@ class Plan:
     reply_cap: int
     queue_wait_limit_s: float
     lane: str
+    retention_days: float = 0.0  # conversations idle longer than this are deleted; 0: kept until deleted
+    no_retention: bool = False  # stream only: no text in Cassandra, not listed, no title, key gone at the end
 
 
 def load_plans(path: Path = DEFAULT_FILE) -> dict[str, Plan]:

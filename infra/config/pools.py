@@ -30,6 +30,7 @@ ENV_FIELDS = {
     "PREFIX_CACHING": "enable_prefix_caching",
     "SCHEDULING_POLICY": "scheduling_policy",
     "DTYPE": "dtype",
+    "METRICS_PORT": "metrics_port",
 }
 
 
@@ -57,6 +58,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     dtype: str = "bfloat16"
     description: str = ""
+    metrics_port: int = 0  # the worker's fixed /metrics port (0: any free one); one worker per pool per host
 
     @property
     def model_path(self) -> Path:

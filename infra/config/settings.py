@@ -54,6 +54,20 @@ def _optional_int(raw: str) -> int | None:
     return int(raw) if raw.strip() else None
 
 
+def _log_format(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("json", "text", "auto"):
+        raise ValueError(f"must be json, text or auto, not {raw!r}")
+    return value
+
+
+def _consistency(raw: str) -> str:
+    value = raw.strip().upper()
+    if value not in ("ONE", "LOCAL_ONE", "QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"):
+        raise ValueError(f"must be a Cassandra consistency level such as LOCAL_QUORUM, not {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Ports:
     kafka: int = 9092
@@ -62,7 +76,9 @@ class Ports:
     cassandra_storage: int = 7000
     cassandra_jmx: int = 7199
     redis: int = 6379
-    gateway: int = 8000
+    gateway: int = 8000  # the gateway's /metrics is on this port too
+    stages_metrics: int = 9101  # the stages process's /metrics (every stage, labelled `stage`)
+    prometheus: int = 9090  # `parley up --with-prometheus`
 
 
 @dataclass(frozen=True)
@@ -94,8 +110,24 @@ class Settings:
     plans_file: Path = CONFIG_DIR / "plans.toml"
     pools_file: Path = CONFIG_DIR / "pools.toml"
     canned_file: Path = CONFIG_DIR / "canned.toml"
+    safety_file: Path = CONFIG_DIR / "safety.toml"  # content rules; re-read when the file changes
     pool_overrides: tuple[tuple[str, str], ...] = ()  # ("LARGE_MAX_SEQS", "32"): PARLEY_POOL_<NAME>_<FIELD>
     debug: tuple[str, ...] = ()  # loggers run at DEBUG
+    log_format: str = "auto"  # json | text | auto (text on a terminal, JSON lines otherwise)
+    # operating: the seed's price of a GPU-hour, for the cost per 1,000 replies from the workers' busy time
+    gpu_hour_usd: float = 2.50
+    gpus_per_worker: int = 1
+    # where the backbone is when it is not this machine's (a deployment): empty means host + the ports above
+    kafka_servers: str = ""  # bootstrap servers, comma-separated
+    redis_server: str = ""  # a redis:// URL
+    cassandra_hosts: tuple[str, ...] = ()  # contact points
+    cassandra_dc: str = "datacenter1"  # the local data centre (LOCAL_* consistency, keyspace replication)
+    cassandra_replication: int = 1  # replicas per data centre of a keyspace the migrations create
+    cassandra_consistency: str = "LOCAL_QUORUM"  # with one replica locally this is a single read or write
+    # deletion and erasure
+    key_cache_s: float = 10.0  # how long a process keeps a conversation's unwrapped data key
+    purge_delay_s: float = 15.0  # the purge waits this long after a delete (longer than key_cache_s)
+    retention_sweep_s: float = 3600.0  # how often conversations past their plan's retention_days are deleted
     token: str = ""  # the terminal chat client's bearer token
 
     @classmethod
@@ -140,11 +172,15 @@ class Settings:
 
     @property
     def kafka_bootstrap(self) -> str:
-        return f"{self.host}:{self.ports.kafka}"
+        return self.kafka_servers or f"{self.host}:{self.ports.kafka}"
 
     @property
     def redis_url(self) -> str:
-        return f"redis://{self.host}:{self.ports.redis}/0"
+        return self.redis_server or f"redis://{self.host}:{self.ports.redis}/0"
+
+    @property
+    def cassandra_contact_points(self) -> list[str]:
+        return list(self.cassandra_hosts) or [self.host]
 
 
 @dataclass(frozen=True)
@@ -167,6 +203,8 @@ VARS: tuple[Var, ...] = (
     _port("CASSANDRA_JMX_PORT", "cassandra_jmx"),
     _port("REDIS_PORT", "redis"),
     _port("GATEWAY_PORT", "gateway"),
+    _port("STAGES_METRICS_PORT", "stages_metrics"),
+    _port("PROMETHEUS_PORT", "prometheus"),
     Var("CACHE_DIR", "cache_dir", _path),
     Var("STATE_DIR", "state_dir", _path),
     Var("KEYSPACE", "keyspace", str),
@@ -189,6 +227,19 @@ VARS: tuple[Var, ...] = (
     Var("PLANS_FILE", "plans_file", _path),
     Var("POOLS_FILE", "pools_file", _path),
     Var("CANNED_FILE", "canned_file", _path),
+    Var("SAFETY_FILE", "safety_file", _path),
     Var("DEBUG", "debug", _names),
+    Var("LOG_FORMAT", "log_format", _log_format),
+    Var("GPU_HOUR_USD", "gpu_hour_usd", float),
+    Var("GPUS_PER_WORKER", "gpus_per_worker", int),
+    Var("KAFKA_SERVERS", "kafka_servers", str),
+    Var("REDIS_SERVER", "redis_server", str),
+    Var("CASSANDRA_HOSTS", "cassandra_hosts", _names),
+    Var("CASSANDRA_DC", "cassandra_dc", str),
+    Var("CASSANDRA_REPLICATION", "cassandra_replication", int),
+    Var("CASSANDRA_CONSISTENCY", "cassandra_consistency", _consistency),
     Var("TOKEN", "token", str),
+    Var("KEY_CACHE_S", "key_cache_s", float),
+    Var("PURGE_DELAY_S", "purge_delay_s", float),
+    Var("RETENTION_SWEEP_S", "retention_sweep_s", float),
 )

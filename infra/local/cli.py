@@ -25,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("producers.chat_cli", "a terminal chat client: stream a reply, Ctrl-C stops it"),
     "capacity": ("infra.planning.capacity", "the seed's capacity model, with your own inputs"),
     "lab": ("infra.planning.lab.cli", "the batching lab: simulate one replica and the fleet spike"),
-    "billing": ("streams.billing", "`parley billing replay --since ISO --until ISO`: audit usage against the stores"),
+    "report": ("infra.local.report", "a PNG of the last minutes from Prometheus: TTFT, tokens/s, queue, KV use"),
+    "billing": ("streams.billing", "`parley billing replay --since ISO [--until ISO]`: audit usage against the stores"),
 }
 
 

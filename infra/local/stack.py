@@ -241,6 +241,7 @@ class ProcessStatus:
     detail: str
     log_file: Path
     seconds: float | None = field(default=None, compare=False)
+    metrics_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -262,19 +263,26 @@ class ServiceReport:
     docs_url: str
 
 
-def app_specs(settings: Settings, *, workers: bool = True) -> list[AppSpec]:
-    """The service processes for the current configuration: a worker per pool in ``load_pools``."""
-    pools: list[str] = []
-    if workers:
+def app_specs(settings: Settings, *, workers: bool = True, with_prometheus: bool = False) -> list[AppSpec]:
+    """The service processes for the current configuration: a worker per pool in ``load_pools``, and
+    Prometheus scraping all of them when asked."""
+    pools: dict[str, int] = {}
+    if workers or with_prometheus:
         try:
-            pools = list(load_pools(settings))
+            pools = {name: cfg.metrics_port for name, cfg in load_pools(settings).items()}
         except PoolConfigError as exc:
             raise StackError(
                 f"engine pools: {exc}",
                 hint=f"fix {settings.pools_file} or the {env_var(POOL_PREFIX)}* variable it names; "
                 "or start without workers: `parley up --no-workers`",
             ) from exc
-    return apps.specs(settings, pools, workers=workers)
+    found = apps.specs(settings, pools, workers=workers)
+    if with_prometheus:
+        from infra.local import prometheus
+
+        config = prometheus.write_config(settings, pools if workers else {})
+        found.append(apps.prometheus_spec(settings, prometheus.command(prometheus.install(), settings, config)))
+    return found
 
 
 def _known_apps(settings: Settings) -> dict[str, App]:
@@ -349,6 +357,7 @@ def start_apps(
             f"{plan[app.name][1]}; log {app.log_file}",
             app.log_file,
             waited[app.name],
+            app.spec.metrics_port,
         )
         for app in procs
     ]
@@ -392,7 +401,8 @@ def status_apps(settings: Settings) -> list[ProcessStatus]:
         if pid is not None:
             ready = app.is_ready()
             detail = f"{'ready' if ready else 'starting'}{restarted(settings, app.name)}; log {app.log_file}"
-            found.append(ProcessStatus(app.name, pid, app.spec.port, True, ready, recorded, detail, app.log_file))
+            found.append(ProcessStatus(app.name, pid, app.spec.port, True, ready, recorded, detail, app.log_file,
+                                       metrics_port=app.spec.metrics_port))
             continue
         answering = app.spec.ready_url is not None and app.port_busy() and apps.http_ok(app.spec.ready_url)
         if answering:
@@ -402,9 +412,10 @@ def status_apps(settings: Settings) -> list[ProcessStatus]:
         else:
             detail = "not started (`parley up` starts it)"
         found.append(
-            ProcessStatus(app.name, None, app.spec.port, answering, answering, recorded, detail, app.log_file)
+            ProcessStatus(app.name, None, app.spec.port, answering, answering, recorded, detail, app.log_file,
+                          metrics_port=app.spec.metrics_port)
         )
-    order = {"worker": 0, "stages": 1, "gateway": 2}
+    order = {"worker": 0, "stages": 1, "gateway": 2, "prometheus": 3}
     return sorted(found, key=lambda p: (order.get(p.name.split("-")[0], 3), p.name))
 
 
@@ -473,10 +484,11 @@ def up_service(
     workers: bool = True,
     timeout: float = START_TIMEOUT_S,
     worker_timeout: float | None = None,
+    with_prometheus: bool = False,
 ) -> ServiceReport:
     """The whole service: the backbone (as :func:`up`), then a worker per pool (unless ``workers`` is
     False), the stages process and the gateway, all started at once; then the demo user."""
-    wanted = app_specs(settings, workers=workers)
+    wanted = app_specs(settings, workers=workers, with_prometheus=with_prometheus)
     missing = apps.missing_subcommands(wanted)
     if missing:
         raise StackError(

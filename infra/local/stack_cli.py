@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
             default=apps.WORKER_TIMEOUT_S,
             help="seconds to wait for each generation worker to load its engine (default %(default)s)",
         )
+        parser.add_argument(
+            "--with-prometheus",
+            action="store_true",
+            help="also run Prometheus (Debian's package) scraping every process (port: see README)",
+        )
         which = parser.add_mutually_exclusive_group()
         which.add_argument(
             "--backbone-only",
@@ -75,7 +80,7 @@ def _table(statuses: list[stack.ServiceStatus], with_time: bool = False) -> Tabl
 
 def _process_table(procs: list[stack.ProcessStatus], with_time: bool = False) -> Table:
     table = Table(show_header=True, header_style="bold")
-    for col in ("process", "pid", "port", "state", *(["time"] if with_time else []), "detail"):
+    for col in ("process", "pid", "port", "metrics", "state", *(["time"] if with_time else []), "detail"):
         table.add_column(col)
     for p in procs:
         if p.running:
@@ -83,8 +88,9 @@ def _process_table(procs: list[stack.ProcessStatus], with_time: bool = False) ->
         else:
             state = "[red]not running[/red]" if p.started_by_up else "[dim]not running[/dim]"
         timing = [f"{p.seconds:.1f} s" if p.seconds is not None else ""] if with_time else []
+        metrics = f":{p.metrics_port}/metrics" if p.metrics_port else "-"
         table.add_row(
-            p.name, str(p.pid) if p.pid else "-", str(p.port) if p.port else "-", state, *timing, p.detail
+            p.name, str(p.pid) if p.pid else "-", str(p.port) if p.port else "-", metrics, state, *timing, p.detail
         )
     return table
 
@@ -99,6 +105,9 @@ def _print_welcome(console: Console, report: stack.ServiceReport, settings: Sett
             f"{report.demo.user_id}"
         )
         console.print(f"bearer token:      {report.demo.token}", highlight=False)
+    if any(p.name == "prometheus" for p in report.processes):
+        console.print(f"Prometheus:        http://{settings.host}:{settings.ports.prometheus}/ "
+                      "(`parley report` draws a run from it)")
     console.print(f"logs:              {settings.state_dir / 'logs'}")
     console.print("stop with: infra/parley down")
 
@@ -124,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
                 workers=not args.no_workers,
                 timeout=args.timeout,
                 worker_timeout=args.worker_timeout,
+                with_prometheus=args.with_prometheus,
             )
             console.print(_table(report.backbone, with_time=True))
             console.print(_process_table(report.processes, with_time=True))

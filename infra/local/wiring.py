@@ -5,6 +5,7 @@ and what each one is built from. Every stage is handed its stores; none reads co
       -> generate.<pool>.<lane> -> (generation workers, `parley worker`) -> chat.tokens / chat.replies
       chat.replies -> PERSISTENCE, SETTLEMENT -> usage -> USAGE_ROLLUP;  REAPER sweeps what settlement missed
       chat.tokens -> ABANDONED -> chat.control
+      gateway, RETENTION -> chat.deletions -> PURGE -> audit.purges
 """
 from __future__ import annotations
 
@@ -14,26 +15,41 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from consumers import admission
+from consumers import admission, purge
 from consumers.abandoned import AbandonedDetector
 from consumers.prompt import builder
 from consumers.prompt.tokenizer import ChatTokenizer, tokenizer_for
+from consumers.retention import RetentionSweeper
+from consumers.safety.classifier import EmbeddedClassifier
 from consumers.scheduler.stage import SchedulerStage
 from consumers.stage import Stage
 from infra.config.plans import Plan, load_plans
 from infra.config.pools import PoolConfig, load_pools
+from infra.config.safety import RulesFile
 from infra.config.settings import Settings
 from infra.local.model import ready_pool
 from infra.stores.conversations import Conversations
 from infra.stores.quota import Quota
 from infra.stores.records import Records
+from infra.stores.sealing import Sealer, configured
 from infra.stores.session import AsyncSession, connect
-from schemas import RequestAdmitted
+from schemas import InputBlocked, RequestAdmitted
 from streams import persistence, settlement, usage_rollup
 from streams.app import FaustStage, make_app
 from streams.reaper import Reaper
 from topics import Topics
-from topics.catalogue import ABANDONED, ADMISSION, PERSISTENCE, PROMPT, REAPER, SCHEDULER, SETTLEMENT, USAGE_ROLLUP
+from topics.catalogue import (
+    ABANDONED,
+    ADMISSION,
+    PERSISTENCE,
+    PROMPT,
+    PURGE,
+    REAPER,
+    RETENTION,
+    SCHEDULER,
+    SETTLEMENT,
+    USAGE_ROLLUP,
+)
 
 
 @dataclass(frozen=True)
@@ -47,31 +63,39 @@ class Resources:
     db: AsyncSession
     quota: Quota
     topics: Topics
+    sealer: Sealer  # one data-key cache for every stage of the process
+
+    @property
+    def keep_nothing(self) -> frozenset[str]:
+        """The no-retention plans."""
+        return frozenset(name for name, plan in self.plans.items() if plan.no_retention)
 
     def tokenizer(self, pool: str) -> ChatTokenizer:
         return tokenizer_for(str(self.pools[pool].model_path))
 
 
 def admission_stage(r: Resources) -> Stage:
-    return admission.build_stage(r.settings, r.quota, r.plans, r.pools)
+    classifier = EmbeddedClassifier(RulesFile(r.settings.safety_file))  # the input check
+    return admission.build_stage(r.settings, r.quota, r.plans, r.pools, classifier=classifier, sealer=r.sealer)
 
 
 def prompt_stage(r: Resources) -> Stage:
-    prompts = builder.PromptBuilder(Conversations(r.db), Records(r.db), r.topics, r.tokenizer,
+    prompts = builder.PromptBuilder(Conversations(r.db, r.sealer), Records(r.db, r.sealer), r.topics, r.tokenizer,
                                     r.settings.prompt_budget_tokens, lambda pool: r.pools[pool].max_model_len,
-                                    quota=r.quota)
+                                    quota=r.quota, keep_nothing=r.keep_nothing)
     # Keyed by conversation: turns of one conversation are placed in order; other conversations concurrently.
-    return Stage(builder.ROLE, r.settings, (RequestAdmitted,), prompts.handle, per_key=True)
+    return Stage(builder.ROLE, r.settings, (RequestAdmitted, InputBlocked), prompts.handle, per_key=True,
+                 sealer=r.sealer)
 
 
 def scheduler_stage(r: Resources) -> SchedulerStage:
-    return SchedulerStage(r.settings, r.plans, r.pools)
+    return SchedulerStage(r.settings, r.plans, r.pools, sealer=r.sealer)
 
 
 def persistence_stage(r: Resources) -> FaustStage:
     app = make_app(PERSISTENCE, r.settings)
-    saver = persistence.Persistence(Conversations(r.db), Records(r.db), r.redis, r.topics,
-                                    r.tokenizer("small").chat_ids)
+    saver = persistence.Persistence(Conversations(r.db, r.sealer), Records(r.db, r.sealer), r.redis, r.topics,
+                                    r.tokenizer("small").chat_ids, sealer=r.sealer, keep_nothing=r.keep_nothing)
     persistence.build_app(app, saver, r.topics)
     return FaustStage(PERSISTENCE, app)
 
@@ -92,6 +116,14 @@ def abandoned_stage(r: Resources) -> AbandonedDetector:
     return AbandonedDetector(r.settings, r.redis)
 
 
+def purge_stage(r: Resources) -> Stage:
+    return purge.build_stage(r.settings, r.db, r.redis, r.sealer.keys)
+
+
+def retention_stage(r: Resources) -> RetentionSweeper:
+    return RetentionSweeper(r.settings, Conversations(r.db, r.sealer), r.sealer.keys, r.redis, r.plans)
+
+
 # The pipeline: stage name (its consumer group) -> how it is built, in the order a message passes them.
 PIPELINE: dict[str, Callable[[Resources], Any]] = {
     ADMISSION: admission_stage,
@@ -102,6 +134,8 @@ PIPELINE: dict[str, Callable[[Resources], Any]] = {
     REAPER: reaper_stage,
     USAGE_ROLLUP: usage_rollup_stage,
     ABANDONED: abandoned_stage,
+    PURGE: purge_stage,
+    RETENTION: retention_stage,
 }
 
 
@@ -111,8 +145,9 @@ async def build_stages(settings: Settings, names: tuple[str, ...]) -> tuple[list
     plans = load_plans(settings.plans_file)
     redis = aioredis.Redis.from_url(settings.redis_url)
     cluster, session = connect(settings)
-    resources = Resources(settings, plans, pools, redis, AsyncSession(session),
-                          Quota.configured(redis, plans, settings), Topics(settings.topic_prefix, pools))
+    db = AsyncSession(session)
+    resources = Resources(settings, plans, pools, redis, db, Quota.configured(redis, plans, settings),
+                          Topics(settings.topic_prefix, pools), configured(settings, db))
     stages = [PIPELINE[name](resources) for name in names]
 
     async def close() -> None:

@@ -14,13 +14,15 @@ from infra.local.model import ready_pool
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--pool", default="large", help="model pool this worker serves (infra/config/pools.toml)")
-    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: any free one)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="Prometheus /metrics port (default: the pool's metrics_port; 0: any free one)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on")
     parser.add_argument("--capacity", type=int, default=None, help="requests held at once (default: max_num_seqs)")
 
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    logconfig.configure(settings.debug)
+    logconfig.configure(f"worker-{args.pool}", settings)
     pool = ready_pool(args.pool, settings)
     asyncio.run(_serve(settings, pool, args))
     return 0
@@ -28,11 +30,19 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> None:
     from consumers.generation.engine import VllmEngine
+    from consumers.safety.classifier import EmbeddedClassifier
+    from infra.config.safety import RulesFile
+    from infra.stores.sealing import configured
+    from infra.stores.session import AsyncSession, connect
 
+    classifier = EmbeddedClassifier(RulesFile(settings.safety_file))  # before the engine: a bad rules file fails fast
+    cluster, session = connect(settings)  # the data keys: prompts arrive sealed, tokens leave sealed
     engine = VllmEngine(pool)  # type: ignore[arg-type]
     limits = Limits(pool.name, pool.served_model_name, pool.max_model_len)  # type: ignore[attr-defined]
     worker = GenerationWorker(settings, limits, engine, args.capacity or pool.max_num_seqs,  # type: ignore[attr-defined]
-                              metrics_port=args.metrics_port,
+                              metrics_port=pool.metrics_port if args.metrics_port is None  # type: ignore[attr-defined]
+                              else args.metrics_port, metrics_host=args.metrics_host, classifier=classifier,
+                              sealer=configured(settings, AsyncSession(session)),
                               on_ready=lambda w: print(f"worker ready pool={pool.name} "  # type: ignore[attr-defined]
                                                        f"metrics_port={w.metrics_port}", flush=True))
     loop = asyncio.get_running_loop()
@@ -42,3 +52,4 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
         await worker.run()
     finally:
         await engine.close()
+        cluster.shutdown()

@@ -29,8 +29,8 @@ class Accounts:
 
     async def create_user(self, plan: str, display_name: str | None = None) -> tuple[User, str]:
         """A new user and a fresh bearer token (the only time the token is visible)."""
-        if plan not in ("free", "paid"):
-            raise ValueError(f"plan must be 'free' or 'paid', not {plan!r}")
+        if plan not in ("free", "paid", "private"):
+            raise ValueError(f"plan must be 'free', 'paid' or 'private', not {plan!r}")
         user = User(new_id(), plan, display_name)
         now = datetime.now(UTC)
         await self.db.execute(

@@ -1,4 +1,4 @@
-"""``parley user create --plan free|paid``: make an account and print its bearer token (shown once)."""
+"""``parley user create --plan free|paid|private``: make an account and print its bearer token (shown once)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ from infra.stores.session import AsyncSession, connect
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="create a user and print a bearer token")
-    create.add_argument("--plan", choices=("free", "paid"), default="free")
+    create.add_argument("--plan", choices=("free", "paid", "private"), default="free")
     create.add_argument("--name", default=None, help="display name")
 
 

@@ -2,12 +2,18 @@
 
 Writes are keyed so a retry overwrites the same row: a message by
 (conversation, turn, message_id); a client_message_id claim is ``IF NOT EXISTS``.
+With a ``Sealer``, message content and titles are stored sealed with the conversation's
+data key and opened on read (a destroyed key reads as no text).
 """
 from __future__ import annotations
 
+import asyncio
+import base64
+import dataclasses
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 
+from infra.stores.sealing import Sealer
 from infra.stores.session import AsyncSession
 from schemas import new_id
 
@@ -19,6 +25,10 @@ class Conversation:
     title: str | None
     model: str | None
     updated_at: datetime
+    source: str = "page"  # "api": made by the OpenAI-compatible endpoints, kept out of the sidebar
+
+
+SOURCES = ("page", "api")
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,8 @@ class Message:
     route_reason: str | None = None
     created_at: datetime | None = None
     finished_at: datetime | None = None
+    block_category: str | None = None  # status blocked: what the safety check found, and by which rules
+    rules_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,65 +74,125 @@ def _ms(ts: datetime) -> int:
     return int(ts.timestamp() * 1000)  # Cassandra keeps milliseconds
 
 
-class Conversations:
-    def __init__(self, db: AsyncSession) -> None:
-        self.db = db
+def _cursor(state: bytes | None) -> str | None:
+    return base64.urlsafe_b64encode(state).decode() if state else None
 
-    async def create(self, user_id: str, model: str | None = None, title: str | None = None) -> Conversation:
+
+def _state(cursor: str | None) -> bytes | None:
+    return base64.urlsafe_b64decode(cursor.encode()) if cursor else None
+
+
+class Conversations:
+    def __init__(self, db: AsyncSession, sealer: Sealer | None = None) -> None:
+        self.db, self.sealer = db, sealer
+
+    async def _seal(self, conversation_id: str, text: str | None) -> str | None:
+        return await self.sealer.seal_text(conversation_id, text) if self.sealer else text
+
+    async def _open(self, conversation_id: str, value: str | None) -> str | None:
+        return await self.sealer.open_text(conversation_id, value) if self.sealer else value
+
+    async def _opened(self, m: Message) -> Message:
+        return dataclasses.replace(m, content=await self._open(m.conversation_id, m.content) or "")
+
+    async def create(self, user_id: str, model: str | None = None, title: str | None = None,
+                     source: str = "page", listed: bool = True) -> Conversation:
+        """A new conversation and its data key; ``listed=False`` (no-retention plans): not in the list."""
         now = datetime.now(UTC)
-        conv = Conversation(new_id(), user_id, title, model, now)
+        conv = Conversation(new_id(), user_id, title, model, now, source)
+        if self.sealer is not None:
+            await self.sealer.keys.create(conv.conversation_id, user_id)
+        sealed = await self._seal(conv.conversation_id, title)
         await self.db.execute(
-            "INSERT INTO conversations (conversation_id, user_id, title, model, created_at, updated_at, deleted) "
-            "VALUES (?, ?, ?, ?, ?, ?, false)", (conv.conversation_id, user_id, title, model, now, now))
-        await self.db.execute(
-            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model) "
-            "VALUES (?, ?, ?, ?, ?)", (user_id, now, conv.conversation_id, title, model))
+            "INSERT INTO conversations (conversation_id, user_id, title, model, created_at, updated_at, deleted, "
+            "source) VALUES (?, ?, ?, ?, ?, ?, false, ?)", (conv.conversation_id, user_id, sealed, model, now, now,
+                                                            source))
+        if listed:
+            await self.db.execute(
+                "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
+                "VALUES (?, ?, ?, ?, ?, ?)", (user_id, now, conv.conversation_id, sealed, model, source))
         return conv
 
     async def get(self, conversation_id: str) -> Conversation | None:
         rows = await self.db.execute(
-            "SELECT conversation_id, user_id, title, model, updated_at, deleted FROM conversations "
+            "SELECT conversation_id, user_id, title, model, updated_at, deleted, source FROM conversations "
             "WHERE conversation_id = ?", (conversation_id,))
         if not rows or rows[0].deleted:
             return None
         r = rows[0]
-        return Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at)
+        return Conversation(r.conversation_id, r.user_id, await self._open(r.conversation_id, r.title), r.model,
+                            r.updated_at, r.source or "page")
 
-    async def list_for_user(self, user_id: str, paging_state: bytes | None = None,
-                            limit: int = 20) -> tuple[list[Conversation], bytes | None]:
-        """Newest first. Stale rows left by concurrent bumps are skipped, not shown twice.
-
-        ``paging_state`` must come from an earlier call (the gateway signs it before a client holds it)."""
-        page = await self.db.page(
-            "SELECT user_id, updated_at, conversation_id, title, model FROM conversations_by_user "
-            "WHERE user_id = ?", (user_id,), fetch_size=limit, paging_state=paging_state)
+    async def list_for_user(self, user_id: str, cursor: str | None = None, limit: int = 20,
+                            source: str | None = "page") -> tuple[list[Conversation], str | None]:
+        """Newest first, of one ``source`` (None: all). Stale rows left by concurrent bumps are skipped, not
+        shown twice. Rows of other sources are skipped by reading on until ``limit`` rows are found, so
+        a page of the sidebar is never empty while older conversations remain."""
         seen: set[str] = set()
-        items = []
-        for r in page.rows:
-            if r.conversation_id not in seen:
-                seen.add(r.conversation_id)
-                items.append(Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at))
-        return items, page.paging_state
+        items: list[Conversation] = []
+        state = _state(cursor)
+        while True:
+            page = await self.db.page(
+                "SELECT user_id, updated_at, conversation_id, title, model, source FROM conversations_by_user "
+                "WHERE user_id = ?", (user_id,), fetch_size=limit, paging_state=state)
+            for r in page.rows:
+                if r.conversation_id not in seen and source in (None, r.source or "page"):
+                    seen.add(r.conversation_id)
+                    items.append(Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at,
+                                              r.source or "page"))
+            state = page.paging_state
+            if items or not state:
+                titles = await asyncio.gather(*(self._open(c.conversation_id, c.title) for c in items))
+                return [dataclasses.replace(c, title=t) for c, t in zip(items, titles, strict=True)], _cursor(state)
 
     async def touch(self, conv: Conversation, at: datetime, title: str | None = None,
                     model: str | None = None) -> Conversation:
         """Move a conversation to the top of its owner's list (and optionally retitle it)."""
         before = _utc(conv.updated_at)
         at = max(_utc(at), before)
-        new = Conversation(conv.conversation_id, conv.user_id, title or conv.title, model or conv.model, at)
+        new = Conversation(conv.conversation_id, conv.user_id, title or conv.title, model or conv.model, at,
+                           conv.source)
+        sealed = await self._seal(conv.conversation_id, new.title)
         await self.db.execute(
             "UPDATE conversations SET updated_at = ?, title = ?, model = ? WHERE conversation_id = ?",
-            (at, new.title, new.model, conv.conversation_id))
+            (at, sealed, new.model, conv.conversation_id))
         await self.db.execute(
-            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model) "
-            "VALUES (?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, new.title, new.model))
+            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, sealed, new.model, conv.source))
         if _ms(at) != _ms(before):
             await self.db.execute(
                 "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
                 (conv.user_id, before, conv.conversation_id))
         return new
 
+    async def rename(self, conv: Conversation, title: str) -> None:
+        """A new title, in place: the list keeps its order."""
+        sealed = await self._seal(conv.conversation_id, title)
+        await self.db.execute("UPDATE conversations SET title = ? WHERE conversation_id = ?",
+                              (sealed, conv.conversation_id))
+        await self.db.execute(
+            "UPDATE conversations_by_user SET title = ? WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
+            (sealed, conv.user_id, conv.updated_at, conv.conversation_id))
+
+    async def mark_deleted(self, conv: Conversation) -> None:
+        """Gone from every read (``get`` answers None) and from its owner's list."""
+        await self.db.execute("UPDATE conversations SET deleted = true WHERE conversation_id = ?",
+                              (conv.conversation_id,))
+        await self.unlist(conv.user_id, conv.conversation_id)
+
+    async def unlist(self, user_id: str, conversation_id: str) -> int:
+        """Remove every list row of a conversation (stale ones left by concurrent bumps included)."""
+        rows = await self.db.execute(
+            "SELECT updated_at FROM conversations_by_user WHERE user_id = ? AND conversation_id = ? ALLOW FILTERING",
+            (user_id, conversation_id))
+        await asyncio.gather(*(self.db.execute(
+            "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
+            (user_id, r.updated_at, conversation_id)) for r in rows))
+        return len(rows)
+
     async def save_message(self, message: Message) -> None:
+        message = dataclasses.replace(message, content=await self._seal(message.conversation_id, message.content)
+                                      or "")
         placeholders = ", ".join("?" for _ in MESSAGE_COLUMNS)
         await self.db.execute(
             f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES ({placeholders})",
@@ -130,24 +202,27 @@ class Conversations:
         await self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND turn = ? AND message_id = ?",
                               (conversation_id, turn, message_id))
 
-    async def messages(self, conversation_id: str, paging_state: bytes | None = None,
-                       limit: int = 100) -> tuple[list[Message], bytes | None]:
+    async def messages(self, conversation_id: str, cursor: str | None = None,
+                       limit: int = 100) -> tuple[list[Message], str | None]:
         """Oldest first, every sibling included."""
         page = await self.db.page(
             f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM messages WHERE conversation_id = ?",
-            (conversation_id,), fetch_size=limit, paging_state=paging_state)
-        return [Message(**{c: getattr(r, c) for c in MESSAGE_COLUMNS}) for r in page.rows], page.paging_state
+            (conversation_id,), fetch_size=limit, paging_state=_state(cursor))
+        return await self._all_opened(page.rows), _cursor(page.paging_state)
 
     async def all_messages(self, conversation_id: str) -> list[Message]:
         rows = await self.db.execute(
             f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM messages WHERE conversation_id = ?", (conversation_id,))
-        return [Message(**{c: getattr(r, c) for c in MESSAGE_COLUMNS}) for r in rows]
+        return await self._all_opened(rows)
+
+    async def _all_opened(self, rows: list[object]) -> list[Message]:
+        return [await self._opened(Message(**{c: getattr(r, c) for c in MESSAGE_COLUMNS})) for r in rows]
 
     async def get_message(self, conversation_id: str, turn: int, message_id: str) -> Message | None:
         rows = await self.db.execute(
             f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM messages WHERE conversation_id = ? AND turn = ? "
             "AND message_id = ?", (conversation_id, turn, message_id))
-        return Message(**{c: getattr(rows[0], c) for c in MESSAGE_COLUMNS}) if rows else None
+        return await self._opened(Message(**{c: getattr(rows[0], c) for c in MESSAGE_COLUMNS})) if rows else None
 
     async def claim_client_message(self, conversation_id: str, client_message_id: str, generation_id: str,
                                    message_id: str, turn: int) -> ClientMessageClaim:

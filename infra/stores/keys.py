@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 PREFIX = "parley:"
+RETRACTED_TTL_S = 6 * 3600  # well past chat.tokens' 10 minutes: no replay of the buffer outlives the marker
 
 
 def generation_started(generation_id: str) -> str:
@@ -20,6 +21,10 @@ WORKER_ALIVE_TTL_S = 4
 def worker_alive(worker_id: str) -> str:
     """Refreshed every second by a live generation worker; gone = its generations await recovery."""
     return f"{PREFIX}worker:{worker_id}:alive"
+def generation_retracted(generation_id: str) -> str:
+    """Set by the worker before it writes ``GenerationRetracted``: replays of the token buffer skip the
+    generation's text (value: the last seq a reader may have shown)."""
+    return f"{PREFIX}gen:{generation_id}:retracted"
 
 
 def reader_heartbeat(generation_id: str) -> str:
@@ -31,8 +36,18 @@ def client_message(conversation_id: str, client_message_id: str) -> str:
     return f"{PREFIX}cmid:{conversation_id}:{client_message_id}"
 
 
+def conversation_generations(conversation_id: str) -> str:
+    """Set of a conversation's generation ids (added when the gateway claims one): what a delete cancels."""
+    return f"{PREFIX}conv:{conversation_id}:gens"
+
+
 def generation_owner(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:owner"
+
+
+def response(generation_id: str) -> str:
+    """A Responses-API response's request (model, instructions, background, ...), JSON; any gateway reads it."""
+    return f"{PREFIX}gen:{generation_id}:response"
 
 
 def quota(user_id: str) -> str:

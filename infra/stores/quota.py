@@ -107,7 +107,8 @@ class Quota:
 
     async def settle(self, generation_id: str, tokens_in: int, tokens_out: int, *, tokens_cached: int = 0,
                      status: str = "complete", model: str = "", pool: str = "", started_at: float = 0.0,
-                     finished_at: float = 0.0, now: float | None = None) -> Settled | None:
+                     finished_at: float = 0.0, now: float | None = None, block_category: str = "",
+                     rules_version: str = "") -> Settled | None:
         """Charge real use exactly once; None if already settled (or never reserved)."""
         found = await self._locate(keys.reservation(generation_id))
         if found is None:
@@ -115,7 +116,8 @@ class Quota:
         user_id, day, plan = found
         now = time.time() if now is None else now
         detail = {"tokens_cached": tokens_cached, "status": status, "model": model, "pool": pool,
-                  "started_at": repr(started_at), "finished_at": repr(finished_at)}
+                  "started_at": repr(started_at), "finished_at": repr(finished_at),
+                  "block_category": block_category, "rules_version": rules_version}
         reply = await self._settle(
             keys=[keys.reservation(generation_id), keys.quota_day(user_id, day), keys.quota_running(user_id),
                   self.expiry_key, keys.settled(generation_id), keys.quota_bucket(user_id), self.outbox_key],

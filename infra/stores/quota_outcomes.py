@@ -60,6 +60,8 @@ class Settled:
     finished_at: float
     settled_at: float
     published: bool
+    block_category: str = ""
+    rules_version: str = ""
 
     @property
     def released(self) -> int:
@@ -72,7 +74,8 @@ class Settled:
             model=self.model, pool=self.pool, status=self.status,  # type: ignore[arg-type]
             day=self.day, tokens_in=self.tokens_in, tokens_out=self.tokens_out, tokens_cached=self.tokens_cached,
             reserved_tokens=self.reserved, charged_tokens=self.charged, started_at=self.started_at,
-            finished_at=self.finished_at or self.settled_at)
+            finished_at=self.finished_at or self.settled_at, block_category=self.block_category,
+            rules_version=self.rules_version)
 
 
 def utc_day(now: float) -> str:
@@ -103,7 +106,8 @@ def settled_from(fields: dict[str, str]) -> Settled:
         tokens_cached=int(num("tokens_cached")), charged=int(fields["charged"]),
         status=fields.get("status") or "complete", model=fields.get("model", ""), pool=fields.get("pool", ""),
         started_at=num("started_at"), finished_at=num("finished_at"), settled_at=num("settled_at"),
-        published=fields.get("published") == "1")
+        published=fields.get("published") == "1", block_category=fields.get("block_category", ""),
+        rules_version=fields.get("rules_version", ""))
 
 
 def refusal(plan: Plan, reason: str, detail: str, detail2: str, want: int, now: float,

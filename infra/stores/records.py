@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from infra.stores.sealing import Sealer
 from infra.stores.session import AsyncSession
 
 
@@ -30,8 +31,8 @@ def _ts(epoch: float | None) -> datetime | None:
 
 
 class Records:
-    def __init__(self, db: AsyncSession) -> None:
-        self.db = db
+    def __init__(self, db: AsyncSession, sealer: Sealer | None = None) -> None:
+        self.db, self.sealer = db, sealer  # with a sealer, summaries are stored sealed
 
     async def save_generation(self, *, generation_id: str, conversation_id: str, user_id: str, message_id: str,
                               user_message_id: str, turn: int, status: str, model_pool: str, model: str = "",
@@ -64,10 +65,15 @@ class Records:
     async def save_summary(self, s: Summary) -> None:
         await self.db.execute(
             "INSERT INTO summaries (conversation_id, upto_turn, summary, tokens, created_at) VALUES (?, ?, ?, ?, ?)",
-            (s.conversation_id, s.upto_turn, s.summary, s.tokens, datetime.now(UTC)))
+            (s.conversation_id, s.upto_turn, await self.sealer.seal_text(s.conversation_id, s.summary)
+             if self.sealer else s.summary, s.tokens, datetime.now(UTC)))
 
     async def latest_summary(self, conversation_id: str) -> Summary | None:
         rows = await self.db.execute(
             "SELECT conversation_id, upto_turn, summary, tokens FROM summaries WHERE conversation_id = ? LIMIT 1",
             (conversation_id,))
-        return Summary(*rows[0]) if rows else None
+        if not rows:
+            return None
+        summary = Summary(*rows[0])
+        text = await self.sealer.open_text(summary.conversation_id, summary.summary) if self.sealer else summary.summary
+        return Summary(summary.conversation_id, summary.upto_turn, text, summary.tokens) if text else None

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy
 from cassandra.query import PreparedStatement
@@ -34,10 +35,11 @@ RECONNECT_MAX_S = 5.0
 def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Session]:
     """A cluster and a session; ``keyspace=""`` means the configured one, ``None`` means none."""
     cluster = Cluster(
-        [settings.host],
+        settings.cassandra_contact_points,
         port=settings.ports.cassandra,
         execution_profiles={EXEC_PROFILE_DEFAULT: ExecutionProfile(
-            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"), request_timeout=30)},
+            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=settings.cassandra_dc), request_timeout=30,
+            consistency_level=ConsistencyLevel.name_to_value[settings.cassandra_consistency])},
         protocol_version=5,
         connect_timeout=10,
         # The driver's default backoff grows to 600 s, so a client kept answering 503 for about a minute

@@ -10,7 +10,8 @@ from cassandra import DriverException
 from cassandra.cluster import NoHostAvailable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -32,7 +33,8 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
         yield
         await gateway.stop()
 
-    app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan,
+    # docs_url/redoc_url off: FastAPI's own pages load Swagger UI from a CDN; ours serves it from a package.
+    app = FastAPI(title="Parley", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="A chat service that streams LLM replies token by token over an event pipeline.")
     app.state.gateway = gateway
     install_error_handlers(app)
@@ -40,6 +42,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
         routes_chat,
         routes_conversations,
         routes_openai,
+        routes_responses,
         routes_session,
         routes_usage,
         routes_web,
@@ -49,20 +52,58 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app.include_router(routes_conversations.router)
     app.include_router(routes_chat.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_usage.router)
     routes_web.mount(app)
+    _offline_docs(app)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "gateway": gateway.gateway_id}
 
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        """Prometheus text format: TTFT, tokens/s, replies, refusals, reconnects (producers/gateway/metrics.py)."""
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
     return app
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """``/docs`` with Swagger UI's files from the swagger-ui-bundle-v2 package: works with no internet."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.mount("/docs-assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title="Parley API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs-assets/favicon-32x32.png")
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return _render(request, exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """No route for this path (404) or method (405): OpenAI's shape for OpenAI's paths and anything
+        unknown under /v1 (an OpenAI client calling an endpoint Parley lacks); the native shape elsewhere."""
+        path = request.url.path
+        if exc.status_code in (404, 405) and (openai_compat.applies(path) or (
+                path.startswith("/v1/") and exc.status_code == 404)):
+            body = openai_compat.unknown_route(request.method, path, exc.status_code)
+            return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        # Everything else (405 on native routes, an unreadable body) in the documented error shape.
+        response = _render(request, from_framework(exc.status_code, exc.detail))
+        response.headers.update(exc.headers or {})  # 405's Allow
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -72,12 +113,6 @@ def install_error_handlers(app: FastAPI) -> None:
             problems.append("the body is not valid JSON" if err.get("type") == "json_invalid"
                             else f"{where}: {err.get('msg')}")
         return _render(request, ApiError(422, "invalid_request", "; ".join(problems)))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def framework(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        response = _render(request, from_framework(exc.status_code, exc.detail))
-        response.headers.update(exc.headers or {})  # 405's Allow
-        return response
 
     @app.exception_handler(UnicodeEncodeError)
     async def not_unicode(request: Request, exc: UnicodeEncodeError) -> JSONResponse:

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    logconfig.configure(settings.debug)
+    logconfig.configure("gateway", settings)
     uvicorn.run(build(settings), host=args.host, port=args.port or settings.ports.gateway, log_level="warning",
                 access_log=False)
     return 0

@@ -1,6 +1,6 @@
 """Opaque, signed page cursors.
 
-A cursor wraps Cassandra's paging state with an HMAC over the listing it belongs to (one
+A cursor wraps the store's own page cursor (Cassandra's paging state) with an HMAC over the listing it belongs to (one
 user's conversations, or one conversation's messages). A cursor that was not signed by a
 gateway of this service, or that belongs to another listing, is refused with 400 before any
 store sees it: raw paging state from a client can make the driver drop its connection.
@@ -31,13 +31,14 @@ class Cursors:
     def __init__(self, key: bytes) -> None:
         self.key = key
 
-    def sign(self, scope: str, state: bytes | None) -> str | None:
-        if not state:
+    def sign(self, scope: str, inner: str | None) -> str | None:
+        if not inner:
             return None
+        state = inner.encode()
         return f"{_b64(state)}.{_b64(self._tag(scope, state))}"
 
-    def open(self, scope: str, cursor: str | None) -> bytes | None:
-        """The paging state inside ``cursor``; ``ApiError(400)`` unless this service signed it for ``scope``."""
+    def open(self, scope: str, cursor: str | None) -> str | None:
+        """The store's cursor inside ``cursor``; ``ApiError(400)`` unless this service signed it for ``scope``."""
         if cursor is None or cursor == "":
             return None
         body, dot, tag = cursor.partition(".")
@@ -49,7 +50,7 @@ class Cursors:
             raise bad_cursor() from exc
         if not state or not hmac.compare_digest(given, self._tag(scope, state)):
             raise bad_cursor()
-        return state
+        return state.decode()  # signed here, so it is the store's own (ASCII) cursor
 
     def _tag(self, scope: str, state: bytes) -> bytes:
         return hmac.new(self.key, scope.encode() + b"\0" + state, hashlib.sha256).digest()[:TAG_BYTES]

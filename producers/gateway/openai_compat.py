@@ -1,9 +1,9 @@
 """The OpenAI Chat Completions dialect, translated both ways, with no I/O.
 
-In: a request body -> ``ChatRequest`` (pool, history, reply cap, temperature), or a 400
-that names the unsupported parameter. Out: Parley's events -> ``chat.completion``
-objects, ``chat.completion.chunk`` SSE lines, and errors in OpenAI's shape
-``{"error": {"message", "type", "param", "code"}}``, used only on ``OPENAI_PATHS``.
+In: a request body -> ``ChatRequest`` (pool, history, reply cap, sampling, n), or a 400
+that names the unsupported parameter (sampling values are checked in ``sampling_params``).
+Out: Parley's events -> ``chat.completion`` objects, ``chat.completion.chunk`` SSE lines, and
+errors in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``, used only on ``OPENAI_PATHS``.
 """
 from __future__ import annotations
 
@@ -14,15 +14,22 @@ from typing import Any
 
 import orjson
 
+from producers.gateway import sampling_params
 from producers.gateway.errors import ApiError
+from producers.gateway.sampling_params import CompatError, invalid
 from producers.gateway.text import first_non_unicode
 from schemas import GenerationFinished, Usage, id_time_ms
 from schemas.gateway import ChatTurn
+from schemas.sampling import Sampling, TokenLogprob
 
-OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models"})
+__all__ = ["CompatError", "invalid"]
+# OpenAI's own paths: their errors (and unknown paths under /v1) answer in OpenAI's shape.
+OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models", "/v1/responses"})
+OPENAI_PREFIXES = ("/v1/models/", "/v1/responses/")
 STARTED = int(time.time())  # "created" of every model: when this gateway started
 DONE = b"data: [DONE]\n\n"
-FINISH_REASONS = {"complete": "stop", "stopped": "stop", "length": "length"}  # failed -> an error
+FINISH_REASONS = {"complete": "stop", "stopped": "stop", "length": "length",  # failed -> an error
+                  "blocked": "content_filter"}  # the output check cut the reply; its text is the notice
 HISTORY_CHARS_FACTOR = 4  # all messages together: up to 4x the one-message limit (Kafka's record size)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
@@ -33,34 +40,16 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "functions": ((None, []), "Parley has no tool or function calling."),
     "tool_choice": ((None, "none"), "Parley has no tool or function calling."),
     "function_call": ((None, "none"), "Parley has no tool or function calling."),
-    "logprobs": ((None, False), "Parley does not return log probabilities."),
-    "top_logprobs": ((None, 0), "Parley does not return log probabilities."),
-    "n": ((None, 1), "Parley makes one choice per request (n=1); send separate requests for more."),
-    "response_format": ((None, {"type": "text"}), "Parley replies in plain text only (type 'text')."),
     "audio": ((None,), "Parley has no audio output."),
     "modalities": ((None, ["text"]), "Parley replies in text only (['text'])."),
-    "stop": ((None, [], ""), "Parley has no stop sequences; use max_tokens, or cut the reply yourself."),
-    "seed": ((None,), "Parley has no seeded sampling."),
-    "logit_bias": ((None, {}), "Parley has no logit bias."),
-    "top_p": ((None, 1, 1.0), "Parley samples with its own top_p; set temperature instead."),
-    "presence_penalty": ((None, 0, 0.0), "Parley has no presence or frequency penalties."),
-    "frequency_penalty": ((None, 0, 0.0), "Parley has no presence or frequency penalties."),
+    "logit_bias": ((None, {}), "Parley has no logit bias: token ids differ between its pools' tokenizers."),
     "prediction": ((None,), "Parley has no predicted outputs."),
     "reasoning_effort": ((None,), "Parley's models are not reasoning models."),
     "verbosity": ((None,), "Parley has no verbosity setting."),
     "web_search_options": ((None,), "Parley has no web search."),
 }
-KNOWN = frozenset({"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-                   "temperature"}) | IGNORED | UNSUPPORTED.keys()
-
-
-class CompatError(ApiError):
-    """An error raised in OpenAI's terms: it names the offending parameter."""
-
-    def __init__(self, status: int, code: str | None, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error") -> None:
-        super().__init__(status, code or "", message)
-        self.param, self.type = param, type_
+KNOWN = frozenset({"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens"}) \
+    | sampling_params.NAMES | IGNORED | UNSUPPORTED.keys()
 
 
 @dataclass(frozen=True)
@@ -71,6 +60,8 @@ class ChatRequest:
     temperature: float | None
     stream: bool
     include_usage: bool
+    sampling: Sampling | None = None
+    n: int = 1
 
     @property
     def content(self) -> str:
@@ -79,10 +70,6 @@ class ChatRequest:
     @property
     def title(self) -> str:
         return " ".join(self.content.split())[:60]
-
-
-def invalid(message: str, param: str | None = None, code: str | None = None) -> CompatError:
-    return CompatError(400, code, message, param)
 
 
 def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_chars: int) -> ChatRequest:
@@ -101,8 +88,10 @@ def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_c
     pool = resolve_model(body.get("model"), models, default_pool)
     history = messages(body.get("messages"), max_message_chars)
     stream = _bool(body.get("stream"), "stream")
-    return ChatRequest(pool, history, _max_tokens(body), _temperature(body.get("temperature")), stream,
-                       _include_usage(body.get("stream_options"), stream))
+    max_tokens = _max_tokens(body)
+    sampled = sampling_params.parse(body, max_tokens)
+    return ChatRequest(pool, history, max_tokens, sampled.temperature, stream,
+                       _include_usage(body.get("stream_options"), stream), sampled.sampling, sampled.n)
 
 
 def resolve_model(model: Any, models: Mapping[str, str], default_pool: str) -> str:
@@ -186,14 +175,6 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return value
 
 
-def _temperature(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2:
-        raise invalid("'temperature' must be a number from 0 to 2.", "temperature")
-    return float(value)
-
-
 def _include_usage(options: Any, stream: bool) -> bool:
     if options is None:
         return False
@@ -209,32 +190,62 @@ def completion_id(generation_id: str) -> str:
     return f"chatcmpl-{generation_id}"
 
 
-def usage_json(usage: Usage) -> dict[str, int]:
+def usage_json(usage: Usage) -> dict[str, Any]:
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens}}
 
 
-def completion(finished: GenerationFinished) -> dict[str, Any]:
-    """The ``chat.completion`` object for a reply that ended complete, stopped or at its length cap."""
-    return {"id": completion_id(finished.generation_id), "object": "chat.completion",
-            "created": id_time_ms(finished.generation_id) // 1000, "model": finished.model,
+def total_usage(usages: list[Usage]) -> Usage:
+    """n choices are n generations, each charged for its own prompt: the usage is their sum."""
+    return Usage(prompt_tokens=sum(u.prompt_tokens for u in usages),
+                 completion_tokens=sum(u.completion_tokens for u in usages),
+                 cached_prompt_tokens=sum(u.cached_prompt_tokens for u in usages))
+
+
+def logprobs_json(tokens: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    if tokens is None:
+        return None
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
+                         "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.token.encode())}
+                                          for a in t.top]} for t in tokens], "refusal": None}
+
+
+def completion(finished: list[GenerationFinished],
+               logprobs: list[list[TokenLogprob] | None] | None = None) -> dict[str, Any]:
+    """The ``chat.completion`` object for replies (one per choice) that ended complete, stopped or at
+    their length cap."""
+    first = finished[0]
+    logprobs = logprobs or [None] * len(finished)
+    return {"id": completion_id(first.generation_id), "object": "chat.completion",
+            "created": id_time_ms(first.generation_id) // 1000, "model": first.model,
             "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": finished.text, "refusal": None},
-                         "logprobs": None, "finish_reason": FINISH_REASONS[finished.status]}],
-            "usage": usage_json(finished.usage)}
+            "choices": [{"index": i, "message": {"role": "assistant", "content": f.text, "refusal": None},
+                         "logprobs": logprobs_json(lp), "finish_reason": FINISH_REASONS[f.status]}
+                        for i, (f, lp) in enumerate(zip(finished, logprobs, strict=True))],
+            "usage": usage_json(total_usage([f.usage for f in finished]))}
 
 
 def chunk(generation_id: str, model: str, delta: dict[str, Any] | None, finish_reason: str | None = None,
-          usage: Usage | None = None, include_usage: bool = False) -> bytes:
+          usage: Usage | None = None, include_usage: bool = False, index: int = 0,
+          logprobs: list[TokenLogprob] | None = None) -> bytes:
     """One ``data:`` line; ``delta=None`` makes the usage-only chunk (no choices)."""
     body: dict[str, Any] = {"id": completion_id(generation_id), "object": "chat.completion.chunk",
                             "created": id_time_ms(generation_id) // 1000, "model": model,
                             "system_fingerprint": None}
     body["choices"] = [] if delta is None else [
-        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        {"index": index, "delta": delta, "logprobs": logprobs_json(logprobs), "finish_reason": finish_reason}]
     if include_usage:
         body["usage"] = usage_json(usage) if usage is not None else None
     return sse_data(body)
+
+
+def model_object(model_id: str, models: Mapping[str, str], default_pool: str) -> dict[str, Any]:
+    """``models.retrieve``: a pool or a served model name, else OpenAI's 404."""
+    found = next((m for m in model_list(models, default_pool) if m["id"] == model_id), None)
+    if found is None:
+        resolve_model(model_id, models, default_pool)  # raises the 404 naming the valid ones
+    return found  # type: ignore[return-value]
 
 
 def sse_data(body: Any) -> bytes:
@@ -255,7 +266,15 @@ def model_list(models: Mapping[str, str], default_pool: str) -> list[dict[str, A
 
 # -- errors ----------------------------------------------------------------------------------------------
 def applies(path: str) -> bool:
-    return path.rstrip("/") in OPENAI_PATHS
+    return path.rstrip("/") in OPENAI_PATHS or path.startswith(OPENAI_PREFIXES)
+
+
+def unknown_route(method: str, path: str, status: int) -> dict[str, Any]:
+    """OpenAI's answer to a path or method it does not serve (its clients show ``message``)."""
+    if status == 405:
+        return _error(f"Method {method} is not allowed on {path}.", "invalid_request_error", None,
+                      "method_not_allowed")
+    return _error(f"Invalid URL ({method} {path})", "invalid_request_error", None, "unknown_url")
 
 
 def error_json(err: ApiError) -> tuple[int, dict[str, Any]]:
@@ -273,7 +292,8 @@ def error_json(err: ApiError) -> tuple[int, dict[str, Any]]:
                            "rate_limit_exceeded")
     if err.status >= 500:
         return err.status, _error(err.message, "server_error", None, err.code)
-    return 400 if err.status == 422 else err.status, _error(err.message, "invalid_request_error", None, err.code)
+    code = "content_filter" if err.code == "blocked" else err.code  # the input check refused the message
+    return 400 if err.status == 422 else err.status, _error(err.message, "invalid_request_error", None, code)
 
 
 def _error(message: str, type_: str, param: str | None, code: str | None) -> dict[str, Any]:

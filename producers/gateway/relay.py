@@ -12,8 +12,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from infra.stores.crypto import KeyGone
+from infra.stores.sealing import Sealer
 from schemas import EventDecodeError, GenerationFinished, RequestRefused, decode
 from topics.partitioning import partition_for
 from topics.replay import open_reader, read_to_end
@@ -29,8 +32,8 @@ class Aged(Exception):
 
 
 class TokenRelay:
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
+    def __init__(self, bootstrap: str, topic: str, sealer: Sealer | None = None) -> None:
+        self.bootstrap, self.topic, self.sealer = bootstrap, topic, sealer
         self.subs: dict[str, set[asyncio.Queue[tuple[int, Any]]]] = {}
         self.consumer: AIOKafkaConsumer | None = None
         self.partitions = 0
@@ -61,11 +64,23 @@ class TokenRelay:
                     if not queues:
                         continue  # decode only what someone here is reading
                     try:
-                        event = decode(record.value)
-                    except EventDecodeError:
+                        event = await self._open(decode(record.value))
+                    except (EventDecodeError, KeyGone):
                         continue
                     for q in queues:
                         q.put_nowait((record.offset, event))
+
+    async def _open(self, event: Any) -> Any:
+        """Token text opened for the streams; a miss on the key cache costs one Cassandra read, once per
+        conversation per cache period. A deleted conversation's events are dropped, except its end."""
+        if self.sealer is None:
+            return event
+        try:
+            return await self.sealer.open(event)
+        except KeyGone:
+            if isinstance(event, GenerationFinished):  # deleted mid-reply: the end still ends the stream
+                return msgspec.structs.replace(event, text="")
+            raise
 
     def subscribe(self, generation_id: str) -> asyncio.Queue[tuple[int, Any]]:
         q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
@@ -127,8 +142,9 @@ class TokenRelay:
             async for record in read_to_end(reader, tp, timeout_ms=500):
                 if record.key and record.key.decode() == generation_id:
                     try:
-                        yield record.offset, decode(record.value)
-                    except EventDecodeError:
+                        event = await self._open(decode(record.value))
+                    except (EventDecodeError, KeyGone):
                         continue
+                    yield record.offset, event
         finally:
             await reader.close()

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from infra.stores import keys
 from infra.stores.accounts import User
-from producers.gateway import openai_compat, submission
+from producers.gateway import metrics, openai_compat, sampling_params, submission
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found, responses
 from producers.gateway.state import Gateway
@@ -40,6 +40,32 @@ class SendMessage(BaseModel):
     client_message_id: Text | None = Field(default=None, max_length=128,
                                            description="retry key: the same id attaches to the same reply; "
                                                        "reusing it with other content is a 409")
+    # The OpenAI endpoint's sampling parameters (README); typed loosely so the one validator names the
+    # parameter in its message.
+    max_tokens: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    top_k: Any = None
+    min_p: Any = None
+    seed: Any = None
+    stop: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    min_tokens: Any = None
+    ignore_eos: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    response_format: Any = None
+
+    def sampled(self) -> tuple[int | None, sampling_params.Parsed]:
+        """(max_tokens, sampling), or a 422 naming the parameter."""
+        fields = self.model_dump(exclude={"content", "model", "client_message_id"}, exclude_none=True)
+        try:
+            max_tokens = sampling_params.positive_int(fields, "max_tokens")
+            return max_tokens, sampling_params.parse(fields, max_tokens)
+        except sampling_params.CompatError as exc:
+            raise ApiError(422, "invalid_parameter", exc.message) from exc
 
 
 class Regenerate(BaseModel):
@@ -70,9 +96,10 @@ async def send_message(request: Request, conversation_id: str, body: SendMessage
         raise ApiError(413, "too_large", f"The message is {len(body.content):,} characters; the limit is "
                                          f"{gw.settings.max_message_chars:,}. Shorten it or split it.")
     pool = _pool(gw, body.model)
+    max_tokens, sampled = body.sampled()
     await _own_conversation(gw, conversation_id, user)
     return await _submit(request, gw, user, conversation_id, body.content, pool, body.client_message_id,
-                         message_id=new_id(), parent_id=None)
+                         message_id=new_id(), parent_id=None, max_tokens=max_tokens, sampled=sampled)
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
@@ -118,6 +145,8 @@ async def stream(request: Request, generation_id: str, user: User = Depends(curr
     if after is not None and (after := await gw.relay.check_offset(generation_id, after)) is None:
         raise ApiError(422, "bad_last_event_id", "Last-Event-ID is an event id of another stream; "
                                                  "resume with the last id this stream sent.")
+    if after is not None:
+        metrics.reconnected(user.plan)
     return _sse(gw, generation_id, owner[1], after=after, queue=None, first=None)
 
 
@@ -146,10 +175,12 @@ async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> No
     conv = await gw.conversations.get(conversation_id)
     if conv is None or conv.user_id != user.user_id:
         raise not_found("conversation")
+    await gw.sealer.keys.ensure(conversation_id, user.user_id)  # the message is sealed with it
 
 
 async def _submit(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
-                  client_message_id: str | None, *, message_id: str, parent_id: str | None) -> StreamingResponse:
+                  client_message_id: str | None, *, message_id: str, parent_id: str | None,
+                  max_tokens: int | None = None, sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
     generation_id = new_id()
     cmid = client_message_id or f"auto-{uuid.uuid4().hex}"
     claim_key, fingerprint = keys.client_message(conversation_id, cmid), _fingerprint(content)
@@ -169,12 +200,18 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
             plan=user.plan, message_id=message_id, client_message_id=cmid, content=content, pool=pool,  # type: ignore[arg-type]
-            parent_id=parent_id, regenerate=parent_id is not None, gateway_id=gw.gateway_id))
+            parent_id=parent_id, regenerate=parent_id is not None, gateway_id=gw.gateway_id, max_tokens=max_tokens,
+            temperature=sampled.temperature if sampled else None, sampling=sampled.sampling if sampled else None))
     except Exception:  # refused, or never acknowledged: a later retry with this id must start afresh
         with contextlib.suppress(RedisError):
             await gw.redis.delete(claim_key)
         raise
-    return _sse(gw, generation_id, conversation_id, after=None, queue=accepted.queue, first=accepted.first)
+    return _sse(gw, generation_id, conversation_id, after=None, queue=accepted.queue, first=accepted.first,
+                on_event=accepted.watch.seen if accepted.watch else None)
+
+
+async def _retracted(gw: Gateway, generation_id: str) -> bool:
+    return bool(await gw.redis.exists(keys.generation_retracted(generation_id)))
 
 
 def _fingerprint(content: str) -> str:
@@ -182,7 +219,8 @@ def _fingerprint(content: str) -> str:
 
 
 def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | None,
-         queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None) -> StreamingResponse:
+         queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None,
+         on_event: Any = None) -> StreamingResponse:
     async def saved() -> list[bytes]:
         messages = await gw.conversations.all_messages(conversation_id)
         return saved_frames(next((m for m in messages if m.generation_id == generation_id
@@ -191,6 +229,7 @@ def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | 
     body = follow(gw.relay, generation_id, after=after, since_ms=id_time_ms(generation_id) - 2000, queue=queue,
                   first=first, keepalive_s=gw.keepalive_s, beat_every_s=gw.settings.reader_timeout_s / 3,
                   heartbeat=lambda: gw.reader_beat(generation_id),
-                  saved=saved, worker_alive=gw.worker_alive)
+                  saved=saved, retracted=lambda: _retracted(gw, generation_id), on_event=on_event,
+                  worker_alive=gw.worker_alive)
     headers = dict(SSE_HEADERS, **{"X-Generation-Id": generation_id})
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)

@@ -1,14 +1,17 @@
-"""Conversations and their history: create, list newest first, read every message and sibling."""
+"""Conversations and their history: create, list newest first, read every message and sibling,
+rename, delete one, delete all of an account's."""
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from infra.stores.accounts import User
-from infra.stores.conversations import Message
+from infra.stores.conversations import SOURCES, Conversation, Message
+from producers.gateway import deletion
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found, responses
 from producers.gateway.text import Text
@@ -27,19 +30,77 @@ async def create_conversation(request: Request, body: NewConversation | None = N
     gw = gateway_of(request)
     if body and body.model and body.model not in gw.models:
         raise ApiError(422, "unknown_model", f"Unknown model {body.model!r}. Choose one of: {', '.join(gw.models)}.")
+    keep = not gw.keeps_nothing(user)  # a no-retention plan's conversations are neither listed nor titled
     conv = await gw.conversations.create(user.user_id, model=body.model if body else None,
-                                         title=body.title if body else None)
+                                         title=body.title if body and keep else None, listed=keep)
     return {"conversation_id": conv.conversation_id}
+
+
+class Rename(BaseModel):
+    title: Text = Field(description="the new title: 1 to 200 characters, one line")
+
+
+@router.patch("/conversations/{conversation_id}", responses=responses(404))
+async def rename_conversation(request: Request, conversation_id: str, body: Rename,
+                              user: User = Depends(current_user)) -> dict[str, Any]:
+    gw = gateway_of(request)
+    title = " ".join(body.title.split())
+    if not title:
+        raise ApiError(422, "empty_title", "The title is empty. Type a name for the conversation.")
+    if len(title) > 200:
+        raise ApiError(422, "title_too_long", f"The title is {len(title)} characters; the limit is 200.")
+    if any(unicodedata.category(ch) == "Cc" for ch in title):
+        raise ApiError(422, "bad_title", "The title has control characters; use plain text.")
+    conv = await _owned(gw, conversation_id, user)
+    if gw.keeps_nothing(user):
+        raise ApiError(422, "no_retention", "Your plan keeps no conversations, so they have no titles.")
+    await gw.conversations.rename(conv, title)
+    return {"conversation_id": conversation_id, "title": title}
+
+
+@router.delete("/conversations/{conversation_id}", status_code=204, responses=responses(404))
+async def delete_conversation(request: Request, conversation_id: str,
+                              user: User = Depends(current_user)) -> Response:
+    """Hidden at once everywhere, replies still generating are stopped, and its text can no longer be read
+    anywhere (its data key is destroyed); the rest is purged in the background. Deleting again is a no-op."""
+    gw = gateway_of(request)
+    conv = await gw.conversations.get(conversation_id)
+    if conv is not None and conv.user_id == user.user_id:
+        await deletion.delete(gw, conv)
+    elif conv is not None or not await _was_owners(gw, conversation_id, user):
+        raise not_found("conversation")
+    return Response(status_code=204)
+
+
+@router.delete("/account/conversations", status_code=200)
+async def delete_all(request: Request, user: User = Depends(current_user)) -> dict[str, int]:
+    """Every conversation of the caller, as if deleted one by one."""
+    gw = gateway_of(request)
+    count, cursor = 0, None
+    while True:
+        items, cursor = await gw.conversations.list_for_user(user.user_id, cursor, 100, source=None)
+        for conv in items:
+            await deletion.delete(gw, conv, reason="account")
+            count += 1
+        if cursor is None:
+            break
+    return {"deleted": count}
 
 
 @router.get("/conversations", responses=responses(400))
 async def list_conversations(request: Request, cursor: str | None = None, limit: int = Query(20, ge=1, le=100),
+                             source: str = Query("page", description="page (the sidebar), api (made by the "
+                                                 "OpenAI-compatible endpoints) or all"),
                              user: User = Depends(current_user)) -> dict[str, Any]:
-    gw, scope = gateway_of(request), f"conversations:{user.user_id}"
-    items, state = await gw.conversations.list_for_user(user.user_id, gw.cursors.open(scope, cursor), limit)
-    next_cursor = gw.cursors.sign(scope, state)
+    if source not in (*SOURCES, "all"):
+        raise ApiError(422, "bad_source", f"source must be one of {', '.join(SOURCES)}, all; got {source!r}.")
+    gw, scope = gateway_of(request), f"conversations:{user.user_id}:{source}"
+    items, inner = await gw.conversations.list_for_user(user.user_id, gw.cursors.open(scope, cursor), limit,
+                                                        source=None if source == "all" else source)
+    next_cursor = gw.cursors.sign(scope, inner)
     return {"items": [{"conversation_id": c.conversation_id, "title": c.title, "model": c.model,
-                       "updated_at": _iso(c.updated_at)} for c in items], "next_cursor": next_cursor}
+                       "updated_at": _iso(c.updated_at), "source": c.source} for c in items],
+            "next_cursor": next_cursor}
 
 
 @router.get("/conversations/{conversation_id}/messages", responses=responses(400, 404))
@@ -47,14 +108,26 @@ async def list_messages(request: Request, conversation_id: str, cursor: str | No
                         limit: int = Query(100, ge=1, le=500), user: User = Depends(current_user)) -> dict[str, Any]:
     gw = gateway_of(request)
     scope = f"messages:{conversation_id}"
-    paging_state = gw.cursors.open(scope, cursor)  # before any store sees it, ownership checked or not
+    inner = gw.cursors.open(scope, cursor)  # before any store sees it, ownership checked or not
+    conv = await _owned(gw, conversation_id, user)
+    items, inner = await gw.conversations.messages(conversation_id, inner, limit)
+    next_cursor = gw.cursors.sign(scope, inner)
+    return {"conversation_id": conversation_id, "title": conv.title,
+            "items": [message_json(m) for m in items], "next_cursor": next_cursor}
+
+
+async def _owned(gw: Any, conversation_id: str, user: User) -> Conversation:
     conv = await gw.conversations.get(conversation_id)
     if conv is None or conv.user_id != user.user_id:
         raise not_found("conversation")
-    items, state = await gw.conversations.messages(conversation_id, paging_state, limit)
-    next_cursor = gw.cursors.sign(scope, state)
-    return {"conversation_id": conversation_id, "title": conv.title,
-            "items": [message_json(m) for m in items], "next_cursor": next_cursor}
+    return conv
+
+
+async def _was_owners(gw: Any, conversation_id: str, user: User) -> bool:
+    """A repeated delete is a success for the owner (idempotent), and a 404 for anyone else."""
+    rows = await gw.conversations.db.execute(
+        "SELECT user_id FROM conversations WHERE conversation_id = ?", (conversation_id,))
+    return bool(rows) and rows[0].user_id == user.user_id
 
 
 def message_json(m: Message) -> dict[str, Any]:
@@ -62,7 +135,9 @@ def message_json(m: Message) -> dict[str, Any]:
             "parent_id": m.parent_id, "generation_id": m.generation_id, "model": m.model, "pool": m.pool,
             "route_reason": m.route_reason, "usage": {"in": m.tokens_in or 0, "out": m.tokens_out or 0,
                                                       "cached": m.tokens_cached or 0},
-            "created_at": _iso(m.created_at), "finished_at": _iso(m.finished_at)}
+            "created_at": _iso(m.created_at), "finished_at": _iso(m.finished_at),
+            "block": {"category": m.block_category, "rules_version": m.rules_version}
+            if m.status == "blocked" else None}
 
 
 def _iso(ts: datetime | None) -> str | None:

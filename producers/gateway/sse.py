@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import orjson
 
-from schemas import GenerationFinished, GenerationQueued, RequestRefused, TokensAppended
+from schemas import GenerationFinished, GenerationQueued, GenerationRetracted, RequestRefused, TokensAppended
 
-STOP_REASONS = {"complete": "end", "stopped": "stopped", "length": "length", "failed": "error"}
+STOP_REASONS = {"complete": "end", "stopped": "stopped", "length": "length", "failed": "error", "blocked": "blocked"}
 KEEPALIVE = b": keep-alive\n\n"
 # A browser's EventSource waits this long before reconnecting with Last-Event-ID (its default is
 # about 3 s, longer than the reader timeout allows in tests, and longer than a person wants).
@@ -23,7 +24,12 @@ def to_sse(offset: int, event: object) -> list[bytes]:
     """The frames for one token-buffer event (none for events the client doesn't see)."""
     if isinstance(event, TokensAppended):
         # An end-of-sequence token has ids but no text: the client has nothing to show.
-        return [frame("delta", {"text": event.text}, offset)] if event.text else []
+        if not event.text:
+            return []
+        data: dict[str, Any] = {"text": event.text}
+        if event.logprobs is not None:  # asked for: [token, logprob, [[alternative, logprob], ...]] per token
+            data["logprobs"] = msgspec.to_builtins(event.logprobs)
+        return [frame("delta", data, offset)]
     if isinstance(event, GenerationQueued):
         frames = [frame("message_start", {"message_id": event.message_id, "generation_id": event.generation_id,
                                           "model": event.model, "pool": event.pool}, offset, RECONNECT_MS)]
@@ -39,9 +45,15 @@ def to_sse(offset: int, event: object) -> list[bytes]:
             "stop_reason": STOP_REASONS[event.status], "model": event.model,
             "usage": {"in": event.usage.prompt_tokens, "out": event.usage.completion_tokens}}, offset))
         return frames
+    if isinstance(event, GenerationRetracted):
+        # Replace everything shown so far with the notice; no category, no rule: nothing to work around.
+        return [frame("retracted", {"notice": event.notice}, offset)]
     if isinstance(event, RequestRefused):
-        return [frame("error", {"status": event.status, "code": event.reason, "message": event.message,
-                                "retry_after_s": event.retry_after_s}, offset)]
+        frames = [frame("error", {"status": event.status, "code": event.reason, "message": event.message,
+                                  "retry_after_s": event.retry_after_s}, offset)]
+        if event.reason == "blocked":  # refused by the input check after the stream had started
+            frames.append(frame("message_end", {"stop_reason": "blocked", "usage": {"in": 0, "out": 0}}, offset))
+        return frames
     return []
 
 

@@ -13,21 +13,23 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
+from infra.config.plans import Plan, load_plans
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.accounts import Accounts, User
 from infra.stores.conversations import Conversations
 from infra.stores.records import Records
+from infra.stores.sealing import Sealer, configured
 from infra.stores.session import AsyncSession, connect
 from producers.gateway.cursors import Cursors, cursor_key
 from producers.gateway.relay import TokenRelay
 from topics import Role, Topics
-from topics.catalogue import CONTROL, GATEWAY, REQUESTS, TOKENS
+from topics.catalogue import CONTROL, DELETIONS, GATEWAY, REQUESTS, TOKENS
 from topics.clients import make_producer
 
 OWNER_TTL_S = 7 * 24 * 3600
 # The gateway reads chat.tokens by assigning partitions (relay.py), without a group.
-ROLE = Role(GATEWAY, reads=(TOKENS,), writes=(REQUESTS, CONTROL))
+ROLE = Role(GATEWAY, reads=(TOKENS,), writes=(REQUESTS, CONTROL, DELETIONS))
 
 
 @dataclass
@@ -44,21 +46,26 @@ class Gateway:
     conversations: Conversations = field(init=False)
     records: Records = field(init=False)
     cursors: Cursors = field(init=False)
+    sealer: Sealer = field(init=False)
+    plans: dict[str, Plan] = field(default_factory=dict)  # read at start(), from settings.plans_file
     quota: Any = None
     _cluster: Any = None
     _auth_cache: dict[str, tuple[float, User]] = field(default_factory=dict)
 
     async def start(self) -> None:
         self.cursors = Cursors(cursor_key(self.settings))
+        self.plans = self.plans or load_plans(self.settings.plans_file)
         self.topics = Topics(self.settings.topic_prefix)
         self.producer = make_producer(self.settings.kafka_bootstrap)
         await self.producer.start()
-        self.relay = TokenRelay(self.settings.kafka_bootstrap, self.topics.tokens)
-        await self.relay.start()
         self.redis = aioredis.Redis.from_url(self.settings.redis_url)
         self._cluster, session = connect(self.settings)
         db = AsyncSession(session)
-        self.accounts, self.conversations, self.records = Accounts(db), Conversations(db), Records(db)
+        self.sealer = configured(self.settings, db)
+        self.accounts = Accounts(db)
+        self.conversations, self.records = Conversations(db, self.sealer), Records(db, self.sealer)
+        self.relay = TokenRelay(self.settings.kafka_bootstrap, self.topics.tokens, self.sealer)
+        await self.relay.start()
 
     async def stop(self) -> None:
         await self.relay.stop()
@@ -78,9 +85,11 @@ class Gateway:
 
     async def owner(self, generation_id: str) -> tuple[str, str] | None:
         raw = await self.redis.get(keys.generation_owner(generation_id))
-        if raw is None:
-            row = await self.records.get_generation(generation_id)
-            return (row.user_id, row.conversation_id) if row is not None else None  # type: ignore[attr-defined]
+        if raw is None:  # a delete removes the owner key; the saved row must belong to a live conversation
+            row: Any = await self.records.get_generation(generation_id)
+            if row is None or await self.conversations.get(row.conversation_id) is None:
+                return None
+            return row.user_id, row.conversation_id
         user_id, conversation_id = raw.decode().split(" ", 1)
         return user_id, conversation_id
 
@@ -89,10 +98,15 @@ class Gateway:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.generation_owner(generation_id), f"{user_id} {conversation_id}", ex=OWNER_TTL_S)
             pipe.set(keys.reader_heartbeat(generation_id), self.gateway_id, ex=self._reader_ttl_s)
+            pipe.sadd(keys.conversation_generations(conversation_id), generation_id)  # what a delete cancels
+            pipe.expire(keys.conversation_generations(conversation_id), OWNER_TTL_S)
             await pipe.execute()
 
     async def worker_alive(self, worker_id: str) -> bool:
         return bool(await self.redis.exists(keys.worker_alive(worker_id)))
+    def keeps_nothing(self, user: User) -> bool:
+        plan = self.plans.get(user.plan)
+        return plan is not None and plan.no_retention
 
     async def reader_beat(self, generation_id: str) -> None:
         await self.redis.set(keys.reader_heartbeat(generation_id), self.gateway_id, ex=self._reader_ttl_s)

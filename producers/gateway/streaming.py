@@ -14,8 +14,9 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from producers.gateway.metrics import OPEN_STREAMS
 from producers.gateway.relay import Aged, TokenRelay
-from producers.gateway.sse import KEEPALIVE, frame, is_last, to_sse
+from producers.gateway.sse import KEEPALIVE, STOP_REASONS, frame, is_last, to_sse
 from schemas import GenerationStarted, TokensAppended
 
 STALL_S = 3.0  # no event this long while generating, and the worker's beat is gone: say so
@@ -26,12 +27,18 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                  queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None,
                  keepalive_s: float, beat_every_s: float, heartbeat: Callable[[], Awaitable[None]],
                  saved: Callable[[], Awaitable[list[bytes]]],
+                 retracted: Callable[[], Awaitable[bool]] | None = None,
+                 on_event: Callable[[Any], None] | None = None,
                  worker_alive: Callable[[str], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
     """``queue``/``first``: a live subscription made before the request was produced (no replay needed).
+    ``retracted``: whether the output check retracted the reply; its text is then never replayed.
+    ``on_event`` sees each event of ``first`` and the live ones just before they are sent (metrics).
     ``worker_alive``: whether a worker still beats; while the generating one does not, a stalled stream
     gets one ``recovering`` event (then the reply continues from another worker)."""
     live = queue if queue is not None else relay.subscribe(generation_id)
+    seen = on_event or (lambda _event: None)
     watch = Recovery(worker_alive)
+    OPEN_STREAMS.inc()
     beat = asyncio.create_task(keep_beating(heartbeat, beat_every_s))
     last = after if after is not None else -1
     try:
@@ -39,6 +46,7 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
             for offset, event in first:
                 if not watch.saw(event):
                     continue
+                seen(event)
                 for f in to_sse(offset, event):
                     yield f
                 last = max(last, offset)
@@ -46,9 +54,13 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                     return
         else:
             replayed = 0
+            hide = retracted is not None and await retracted()
             try:
                 async for offset, event in relay.replay(generation_id, after, since_ms):
                     replayed += 1
+                    if hide and isinstance(event, TokensAppended):
+                        last = offset
+                        continue  # still in the buffer, but withdrawn: the retracted frame comes instead
                     if not watch.saw(event):
                         continue
                     for f in to_sse(offset, event):
@@ -73,9 +85,10 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                     for f in snapshot:
                         yield f
                     return
-        async for f in _live(live, last, keepalive_s, watch):
+        async for f in _live(live, last, keepalive_s, watch, seen):
             yield f
     finally:
+        OPEN_STREAMS.dec()
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beat
@@ -122,8 +135,8 @@ class Recovery:
                                     "Another one is taking over; the reply continues where it left off."})
 
 
-async def _live(live: asyncio.Queue[tuple[int, Any]], last: int, keepalive_s: float,
-                watch: Recovery) -> AsyncIterator[bytes]:
+async def _live(live: asyncio.Queue[tuple[int, Any]], last: int, keepalive_s: float, watch: Recovery,
+                seen: Callable[[Any], None]) -> AsyncIterator[bytes]:
     quiet_since = time.monotonic()
     while True:
         try:
@@ -140,6 +153,7 @@ async def _live(live: asyncio.Queue[tuple[int, Any]], last: int, keepalive_s: fl
             continue  # already sent during replay
         if not watch.saw(event):
             continue
+        seen(event)
         quiet_since = time.monotonic()
         for f in to_sse(offset, event):
             yield f
@@ -159,7 +173,7 @@ def saved_frames(message: Any) -> list[bytes]:
     """A finished reply from Cassandra, for a reader who comes back after the buffer expired."""
     if message is None or message.status == "generating":
         return []
-    stop = {"complete": "end", "stopped": "stopped", "length": "length", "failed": "error"}.get(message.status, "end")
+    stop = STOP_REASONS.get(message.status, "end")
     return [
         frame("message_start", {"message_id": message.message_id, "generation_id": message.generation_id,
                                 "model": message.model, "pool": message.pool}),

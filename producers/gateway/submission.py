@@ -17,6 +17,7 @@ import msgspec
 
 from infra.stores.accounts import User
 from producers.gateway.errors import ApiError, unavailable
+from producers.gateway.metrics import ReplyWatch
 from producers.gateway.state import Gateway
 from schemas import CancelRequested, GenerationFinished, GenerationQueued, MessageSubmitted, RequestRefused
 from topics.clients import send
@@ -39,18 +40,21 @@ class Accepted:
     generation_id: str
     queue: asyncio.Queue[tuple[int, Any]]  # the live subscription; the caller unsubscribes it
     first: Events  # events up to the first decision, already taken off ``queue``
+    watch: ReplyWatch | None = None  # what the user experiences: TTFT, tokens/s, how it ended
 
 
 async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted:
     generation_id = request.generation_id
+    watch = ReplyWatch(user.plan, request.pool or gw.settings.default_pool)  # accepted now: TTFT counts from here
     # The pipeline must decide (queue or refuse) by the deadline; the client is answered 503 a little later,
     # so a stage that finds the request past it knows nobody waits for it and drops it, charging nothing.
     request = msgspec.structs.replace(request, deadline=time.time() + gw.settings.admission_wait_s)
     queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
     try:
         await gw.claim(generation_id, user.user_id, request.conversation_id)
+        sealed = await gw.sealer.seal(request)
         try:
-            await asyncio.wait_for(send(gw.producer, gw.topics.requests, request, key=user.user_id),
+            await asyncio.wait_for(send(gw.producer, gw.topics.requests, sealed, key=user.user_id),
                                    gw.settings.kafka_send_timeout_s)
         except TimeoutError as exc:  # broker down or unreachable: fail fast (a late delivery is past its deadline)
             log.warning("generation %s not acknowledged by Kafka within %.1f s", generation_id,
@@ -61,6 +65,8 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
         gw.relay.unsubscribe(generation_id, queue)
         raise
     refused = next((e for _, e in first if isinstance(e, RequestRefused)), None)
+    for _, event in first:
+        watch.seen(event)
     if refused is not None:
         gw.relay.unsubscribe(generation_id, queue)
         raise Refused(refused)
@@ -70,8 +76,10 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
                     "deadline)", generation_id, gw.settings.admission_wait_s)
         raise ApiError(503, "not_started", "The service could not start your reply in time; nothing was "
                                            "charged. Try again in a few seconds.", retry_after=5)
-    log.info("generation %s accepted for conversation %s", generation_id, request.conversation_id)
-    return Accepted(generation_id, queue, first)
+    log.info("generation %s accepted for conversation %s", generation_id, request.conversation_id,
+             extra={"generation_id": generation_id, "conversation_id": request.conversation_id,
+                    "user_id": user.user_id, "plan": user.plan, "pool": request.pool})
+    return Accepted(generation_id, queue, first, watch)
 
 
 async def decision(gw: Gateway, queue: asyncio.Queue[tuple[int, Any]], wait_s: float) -> Events:

@@ -115,7 +115,8 @@ def service(settings: Settings, name: str, **env: str) -> Service:
 
 
 def start_worker(svc: Service, pool: str = "large", capacity: int | None = None, timeout: float = 600) -> Proc:
-    args = ["worker", "--pool", pool] + (["--capacity", str(capacity)] if capacity else [])
+    # Metrics on any free port: the pool's fixed one may be taken by a running `parley up`.
+    args = ["worker", "--pool", pool, "--metrics-port", "0"] + (["--capacity", str(capacity)] if capacity else [])
     proc = svc.start(f"worker-{pool}", *args)
     svc.wait_log(proc, "worker ready", timeout)
     return proc
@@ -123,7 +124,7 @@ def start_worker(svc: Service, pool: str = "large", capacity: int | None = None,
 
 def start_pipeline(svc: Service, with_small: bool = False, timeout: float = 600) -> None:
     """Stages, one gateway (``gateway-a``) and the large worker (plus the small one if asked)."""
-    stages = svc.start("stages", "stages")
+    stages = svc.start("stages", "stages", "--metrics-port", "0")
     svc.start_gateway("gateway-a")
     svc.wait_log(stages, "stages ready", 300)
     for pool in ("large", "small") if with_small else ("large",):

@@ -19,7 +19,8 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 def service(stack_settings: Settings) -> Iterator[Service]:
     log_dir = ARTIFACTS / "e2e-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    svc = launch(stack_settings, log_dir, plans_file=Path(__file__).with_name("data") / "plans.toml")
+    data = Path(__file__).with_name("data")
+    svc = launch(stack_settings, log_dir, plans_file=data / "plans.toml", PARLEY_SAFETY_FILE=str(data / "safety.toml"))
     yield svc
     svc.stop()
 

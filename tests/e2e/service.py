@@ -54,6 +54,7 @@ class Service:
     env: dict[str, str]
     log_dir: Path
     procs: dict[str, Proc] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # process -> its /metrics port
 
     def start(self, name: str, *args: str, port: int | None = None) -> Proc:
         log = self.log_dir / f"{name}.log"
@@ -104,20 +105,27 @@ def launch(base: Settings, log_dir: Path, reader_timeout_s: float = 3.0, plans_f
     """Workers for ``pools`` (a pool left out has a queue that nothing drains), the stages and two gateways."""
     prefix = f"e2e{uuid.uuid4().hex[:8]}."
     extra = {"PARLEY_PLANS_FILE": str(plans_file)} if plans_file else {}
-    env = dict(os.environ, **extra, PARLEY_TOPIC_PREFIX=prefix, PARLEY_KEYSPACE=base.keyspace,
+    # Metrics on ports of this launch's own: the fixed defaults may belong to a service `parley up` runs.
+    metrics = {"stages": free_port(), **{f"worker-{p}": free_port() for p in pools}}
+    ports = {f"PARLEY_POOL_{p.upper()}_METRICS_PORT": str(metrics[f"worker-{p}"]) for p in pools}
+    # Engines sized to fit beside a running `parley up` on 24 GiB: vLLM's CPU build allocates its whole KV
+    # cache at start, and 0.5 GiB (~23,000 SmolLM2 tokens) is plenty for 8 test sequences.
+    env = dict(os.environ, **extra, **ports, PARLEY_TOPIC_PREFIX=prefix, PARLEY_KEYSPACE=base.keyspace,
                PARLEY_READER_TIMEOUT_S=str(reader_timeout_s), PARLEY_POOL_LARGE_MAX_SEQS="8",
-               PARLEY_POOL_SMALL_MAX_SEQS="4", PARLEY_POOL_LARGE_KV_CACHE_GIB="1",
-               PARLEY_POOL_SMALL_KV_CACHE_GIB="1", PYTHONUNBUFFERED="1")
+               PARLEY_POOL_SMALL_MAX_SEQS="4", PARLEY_POOL_LARGE_KV_CACHE_GIB="0.5",
+               PARLEY_POOL_SMALL_KV_CACHE_GIB="0.5", PARLEY_STAGES_METRICS_PORT=str(metrics["stages"]),
+               PARLEY_KEY_CACHE_S="2", PARLEY_PURGE_DELAY_S="3",
+               PARLEY_LOG_FORMAT="json", PYTHONUNBUFFERED="1")
     env.update(env_overrides)
     log_dir = log_dir / prefix.rstrip(".")  # one folder per launch: parallel runs never read each other's logs
     log_dir.mkdir(parents=True, exist_ok=True)
-    service = Service(base.with_(topic_prefix=prefix), env, log_dir)
+    service = Service(base.with_(topic_prefix=prefix), env, log_dir, metrics_ports=metrics)
     ensure_topics(service.settings)
     try:
         workers = [service.start(f"worker-{p}", "worker", "--pool", p) for p in pools]
         stages = service.start("stages", "stages")
-        service.start_gateway("gateway-a")
-        service.start_gateway("gateway-b")
+        for gw in ("gateway-a", "gateway-b"):
+            service.metrics_ports[gw] = service.start_gateway(gw).port or 0
         service.wait_log(stages, "stages ready", 180)
         for w in workers:
             service.wait_log(w, "worker ready", 400)

@@ -27,7 +27,8 @@ async def saved(http: httpx.AsyncClient, who: Caller, completion_id: str) -> tup
     generation_id = completion_id.removeprefix("chatcmpl-")
 
     async def check():  # type: ignore[no-untyped-def]
-        for conv in (await http.get("/v1/conversations", headers=who.headers)).json()["items"]:
+        listed = await http.get("/v1/conversations", params={"source": "api"}, headers=who.headers)
+        for conv in listed.json()["items"]:
             r = await http.get(f"/v1/conversations/{conv['conversation_id']}/messages", headers=who.headers)
             items = r.json()["items"]
             reply = [m for m in items if m["generation_id"] == generation_id and m["role"] == "assistant"
@@ -112,8 +113,14 @@ async def test_errors_raise_the_openai_exceptions(service: Service, client: open
         await client.chat.completions.create(model="large", messages=user, tools=[tool])  # type: ignore[arg-type,list-item]
     assert tools.value.param == "tools"
     with pytest.raises(openai.BadRequestError) as n:
-        await client.chat.completions.create(model="large", messages=user, n=2)  # type: ignore[arg-type]
-    assert n.value.param == "n"
+        await client.chat.completions.create(model="large", messages=user, n=3)  # type: ignore[arg-type]
+    assert n.value.param == "n"  # more choices than the plan runs replies at once
+    with pytest.raises(openai.BadRequestError) as stop:
+        await client.chat.completions.create(model="large", messages=user, stop=["a", "b", "c", "d", "e"])  # type: ignore[arg-type]
+    assert stop.value.param == "stop"
+    with pytest.raises(openai.NotFoundError) as route:
+        await client.embeddings.create(model="large", input="hi")
+    assert route.value.status_code == 404 and "/v1/embeddings" in str(route.value.message)
     with pytest.raises(openai.NotFoundError) as missing:
         await client.chat.completions.create(model="gpt-9", messages=user)  # type: ignore[arg-type]
     assert missing.value.code == "model_not_found"

@@ -29,10 +29,27 @@ async def test_conversations_list_newest_first_with_cursor(db) -> None:  # type:
     top = await convs.touch(made[0], datetime.now(UTC) + timedelta(seconds=5), title="First")
     page1, cursor = await convs.list_for_user(user, limit=3)
     assert [c.conversation_id for c in page1][0] == top.conversation_id and page1[0].title == "First"
-    page2, _ = await convs.list_for_user(user, paging_state=cursor, limit=3)
+    page2, _ = await convs.list_for_user(user, cursor=cursor, limit=3)
     listed = [c.conversation_id for c in page1 + page2]
     assert sorted(listed) == sorted(c.conversation_id for c in made) and len(set(listed)) == 5
     assert [c.updated_at for c in page1 + page2] == sorted((c.updated_at for c in page1 + page2), reverse=True)
+
+
+async def test_api_conversations_are_listed_only_when_asked_for(db) -> None:  # type: ignore[no-untyped-def]
+    convs = Conversations(db)
+    user = new_id()
+    page = await convs.create(user, title="page")
+    api = [await convs.create(user, title=f"api {i}", source="api") for i in range(4)]  # newer than the page one
+    touched = await convs.touch(api[0], datetime.now(UTC) + timedelta(seconds=5))
+    assert touched.source == "api" and (await convs.get(api[0].conversation_id)).source == "api"  # type: ignore[union-attr]
+    sidebar, cursor = await convs.list_for_user(user, limit=2)  # reads past the api rows to fill the page
+    assert [c.conversation_id for c in sidebar] == [page.conversation_id] and cursor is None
+    listed, _ = await convs.list_for_user(user, limit=10, source="api")
+    assert {c.conversation_id for c in listed} == {c.conversation_id for c in api} and len(listed) == 4
+    assert len((await convs.list_for_user(user, limit=10, source=None))[0]) == 5
+    await convs.mark_deleted(touched)
+    assert await convs.get(touched.conversation_id) is None
+    assert len((await convs.list_for_user(user, limit=10, source="api"))[0]) == 3
 
 
 async def test_messages_with_siblings_and_overwrite_on_retry(db) -> None:  # type: ignore[no-untyped-def]

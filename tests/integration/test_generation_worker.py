@@ -21,6 +21,7 @@ from schemas import (
     decode,
     new_id,
 )
+from schemas.sampling import Sampling
 from tests.e2e.service import Service, free_port
 from topics import Topics
 from topics.catalogue import GENERATION
@@ -39,7 +40,7 @@ def pool_env(stack_settings: Settings) -> Iterator[Service]:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     prefix = f"w{uuid.uuid4().hex[:8]}."
     env = dict(os.environ, PARLEY_TOPIC_PREFIX=prefix, PARLEY_KEYSPACE=stack_settings.keyspace,
-               PARLEY_POOL_LARGE_KV_CACHE_GIB="1", PYTHONUNBUFFERED="1")
+               PARLEY_POOL_LARGE_KV_CACHE_GIB="0.5", PYTHONUNBUFFERED="1")
     svc = Service(stack_settings.with_(topic_prefix=prefix), env, ARTIFACTS)
     ensure_topics(svc.settings)
     yield svc
@@ -53,12 +54,12 @@ def _worker(svc: Service, name: str, capacity: int = 8) -> object:
 
 
 def _request(tokenizer_ids: list[int], lane: str = "paid", max_tokens: int = 24, conversation: str | None = None,
-             temperature: float = 0.0) -> GenerationRequested:
+             temperature: float = 0.0, sampling: Sampling | None = None) -> GenerationRequested:
     gid = new_id()
     return GenerationRequested(generation_id=gid, conversation_id=conversation or f"c-{gid}", user_id="u",
                                plan="paid" if lane == "paid" else "free", pool="large", lane=lane,
                                prompt_token_ids=tokenizer_ids, max_tokens=max_tokens, message_id=gid,
-                               temperature=temperature)
+                               temperature=temperature, sampling=sampling)
 
 
 def _prompt(text: str) -> list[int]:
@@ -214,7 +215,9 @@ async def test_worker_killed_mid_reply_is_continued_by_another(pool_env: Service
     pool_env.wait_log(a, "worker ready", 400)  # type: ignore[arg-type]
     pool_env.wait_log(b, "worker ready", 400)  # type: ignore[arg-type]
     await asyncio.sleep(3)  # both in the group before work arrives
-    req = _request(_prompt("Explain how a bicycle works, step by step."), "paid", 120)
+    # A question answered in a few tokens, with ignore_eos: only a survivor that kept the request's
+    # sampling parameters runs the reply on to its cap.
+    req = _request(_prompt("Reply with just the word OK."), "paid", 120, sampling=Sampling(ignore_eos=True, seed=3))
     producer = make_producer(settings.kafka_bootstrap)
     await producer.start()
     await send(producer, topics.generate("large", "paid"), req, req.conversation_id)
@@ -245,4 +248,5 @@ async def test_worker_killed_mid_reply_is_continued_by_another(pool_env: Service
     assert len(finishes) == 1, "the reply finished more than once"
     assert "".join(d.text for d in deltas) == finishes[0].text
     assert finishes[0].worker_id != holder  # the survivor finished it
-    assert finishes[0].usage.completion_tokens > 15  # and counted the saved tokens as its own
+    assert finishes[0].usage.completion_tokens == 120  # counted the saved tokens as its own, ran to the cap
+    assert finishes[0].status == "length"

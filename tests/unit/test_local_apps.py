@@ -111,6 +111,20 @@ def test_specs_one_worker_per_pool_then_stages_then_gateway(settings: Settings) 
     assert [s.name for s in apps.specs(settings, ["large"], workers=False)] == ["stages", "gateway"]
 
 
+def test_specs_carry_each_processs_fixed_metrics_port(settings: Settings) -> None:
+    large, small, stages, gateway = apps.specs(settings, {"large": 9111, "small": 9112})
+    assert (large.metrics_port, small.metrics_port) == (9111, 9112)
+    assert stages.metrics_port == settings.ports.stages_metrics and gateway.metrics_port == settings.ports.gateway
+    assert apps.specs(settings, ["large"])[0].metrics_port is None  # pools without ports: none to show
+
+
+def test_prometheus_is_a_process_of_its_own_binary(settings: Settings) -> None:
+    spec = apps.prometheus_spec(settings, ("/usr/bin/prometheus", "--config.file=/x/prometheus.yml"))
+    assert spec.ready_url == f"http://127.0.0.1:{settings.ports.prometheus}/-/ready"
+    assert apps.App(spec, settings).exe_names == ("prometheus",)
+    assert apps.stop_tiers(["prometheus", "gateway", "worker-large"])[-1] == ["prometheus"]  # stopped last
+
+
 def test_parley_command_prefers_the_venvs_script(tmp_path: Path) -> None:
     python = tmp_path / "bin" / "python"
     python.parent.mkdir()

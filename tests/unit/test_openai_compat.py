@@ -22,6 +22,7 @@ from producers.gateway.openai_compat import (
 )
 from schemas import GenerationFinished, Usage, new_id
 from schemas.gateway import ChatTurn
+from schemas.sampling import TokenLogprob, TopLogprob
 
 MODELS = {"large": "SmolLM2-135M-Instruct", "small": "SmolLM2-135M-Instruct"}
 USER = [{"role": "user", "content": "Hi there"}]
@@ -70,10 +71,8 @@ def test_the_served_model_name_means_the_default_pool_and_unknown_models_are_404
 
 @pytest.mark.parametrize("param, value", [
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-    ("functions", [{"name": "f"}]), ("logprobs", True), ("top_logprobs", 3), ("n", 2),
-    ("response_format", {"type": "json_object"}), ("audio", {"voice": "alloy"}), ("modalities", ["audio"]),
-    ("stop", ["\n"]), ("stop", "END"), ("seed", 7), ("top_p", 0.5), ("presence_penalty", 1.0),
-    ("logit_bias", {"50256": -100}),
+    ("functions", [{"name": "f"}]), ("audio", {"voice": "alloy"}), ("modalities", ["audio"]),
+    ("logit_bias", {"50256": -100}), ("prediction", {"type": "content", "content": "x"}),
 ])
 def test_unsupported_features_get_a_400_naming_the_parameter(param: str, value: Any) -> None:
     err = refused(**{param: value})
@@ -83,7 +82,18 @@ def test_unsupported_features_get_a_400_naming_the_parameter(param: str, value: 
 def test_defaults_of_unsupported_features_are_accepted() -> None:
     chat = parsed(tools=[], tool_choice="none", logprobs=False, n=1, response_format={"type": "text"},
                   modalities=["text"], stop=None, presence_penalty=0, frequency_penalty=0.0, store=False)
-    assert chat.pool == "large"
+    assert chat.pool == "large" and chat.sampling is None and chat.n == 1
+
+
+def test_the_issue_parameter_combination_and_vllm_extensions_are_carried() -> None:
+    chat = parsed(temperature=0.7, top_p=0.9, stop=["\n\n"], presence_penalty=0.1, seed=1, max_tokens=30,
+                  top_k=40, min_p=0.05, repetition_penalty=1.1, min_tokens=2, ignore_eos=True, logprobs=True,
+                  top_logprobs=2, n=2, response_format={"type": "json_object"})
+    s = chat.sampling
+    assert chat.temperature == 0.7 and chat.max_tokens == 30 and chat.n == 2 and s is not None
+    assert (s.top_p, s.top_k, s.min_p, s.seed, s.stop) == (0.9, 40, 0.05, 1, ["\n\n"])
+    assert (s.presence_penalty, s.repetition_penalty, s.min_tokens, s.ignore_eos) == (0.1, 1.1, 2, True)
+    assert s.logprobs and s.top_logprobs == 2 and s.response_format.type == "json_object"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("body, param", [
@@ -94,7 +104,15 @@ def test_defaults_of_unsupported_features_are_accepted() -> None:
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
     ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": "9"}, "max_completion_tokens"),
-    ({"temperature": 2.5}, "temperature"), ({"stream": "yes"}, "stream"),
+    ({"temperature": 2.5}, "temperature"), ({"stream": "yes"}, "stream"), ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"), ({"min_p": 2}, "min_p"), ({"seed": 1.5}, "seed"),
+    ({"stop": [""]}, "stop"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"stop": 3}, "stop"),
+    ({"presence_penalty": 3}, "presence_penalty"), ({"frequency_penalty": "x"}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"min_tokens": -1}, "min_tokens"),
+    ({"max_tokens": 5, "min_tokens": 6}, "min_tokens"), ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"n": 0}, "n"), ({"n": 9}, "n"), ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream=true
     ({"frobnicate": 1}, "frobnicate"),
 ])
@@ -120,14 +138,23 @@ def finished(status: str, text: str = "Paris.") -> GenerationFinished:
 
 def test_a_finished_reply_is_a_chat_completion() -> None:
     event = finished("complete")
-    body = completion(event)
+    body = completion([event])
     assert body["id"] == f"chatcmpl-{event.generation_id}" and body["object"] == "chat.completion"
     assert body["model"] == "Smol" and isinstance(body["created"], int) and body["created"] > 1_700_000_000
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Paris.", "refusal": None}
     assert body["choices"][0]["finish_reason"] == "stop"
-    assert body["usage"] == {"prompt_tokens": 30, "completion_tokens": 3, "total_tokens": 33}
-    assert completion(finished("length"))["choices"][0]["finish_reason"] == "length"
-    assert completion(finished("stopped"))["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 30, "completion_tokens": 3, "total_tokens": 33,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
+    assert completion([finished("length")])["choices"][0]["finish_reason"] == "length"
+    assert completion([finished("stopped")])["choices"][0]["finish_reason"] == "stop"
+    two = completion([finished("complete", "A"), finished("length", "B")],
+                     [None, [TokenLogprob("B", -0.5, [TopLogprob("B", -0.5), TopLogprob("C", -1.0)])]])
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in two["choices"]] == [
+        (0, "A", "stop"), (1, "B", "length")]
+    assert two["usage"]["completion_tokens"] == 6 and two["choices"][0]["logprobs"] is None
+    token = two["choices"][1]["logprobs"]["content"][0]
+    assert token["token"] == "B" and token["logprob"] == -0.5 and token["bytes"] == [66]
+    assert [t["token"] for t in token["top_logprobs"]] == ["B", "C"]
 
 
 def test_chunks_are_sse_data_lines() -> None:
@@ -204,6 +231,21 @@ def test_unsupported_and_unknown_models_are_refused_before_anything_is_submitted
     assert tools.status_code == 400 and tools.json()["error"]["param"] == "tools"
     unknown = client.post("/v1/chat/completions", headers=GOOD, json={"model": "gpt-9", "messages": USER})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+
+
+def test_unknown_openai_routes_and_methods_answer_in_openai_shape(client: TestClient) -> None:
+    for method, path in [("POST", "/v1/embeddings"), ("POST", "/v1/completions"), ("GET", "/v1/nothing")]:
+        r = client.request(method, path, headers=GOOD, json={})
+        assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}, path
+        assert path in r.json()["error"]["message"]
+    wrong = client.delete("/v1/chat/completions", headers=GOOD)
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    native = client.delete("/v1/usage", headers=GOOD)  # Parley's own route: the documented native shape
+    assert native.status_code == 405 and native.json()["error"]["code"] == "method_not_allowed"
+    assert set(native.json()["error"]) == {"code", "message"} and native.headers["allow"]
+    missing = client.get("/v1/models/gpt-9", headers=GOOD)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert client.get("/v1/models/small", headers=GOOD).json()["id"] == "small"
 
 
 def test_models_answers_the_native_and_the_openai_shape(client: TestClient) -> None:

@@ -57,3 +57,23 @@ async def test_a_summary_is_stored_only_when_complete() -> None:
     await p.handle(finished(purpose="summary", text="  They talked about Paris.  ", gid="g1:summary"))
     await p.handle(finished(purpose="summary", text="half", status="failed", gid="g2:summary"))
     assert [(s.summary, s.tokens) for s in records.summaries] == [("They talked about Paris.", 3)]
+
+
+async def test_a_no_retention_plan_saves_no_text_and_destroys_the_key_as_the_reply_ends() -> None:
+    from tests.fake_stores import FakeSealer
+
+    convs, records, sealer = FakeConversations(conversation()), FakeRecords(), FakeSealer()
+    sealer.keys.live.add("c")
+    p = Persistence(convs, records, FakeRedis(), Topics("t."), lambda m: [1], sealer=sealer,  # type: ignore[arg-type]
+                    keep_nothing=frozenset({"free"}))
+    assert await p.handle(finished()) == []  # no title request either
+    assert convs.messages == {} and records.summaries == []
+    assert records.generations["g1"]["status"] == "complete"  # ids and counts only
+    assert "c" not in sealer.keys.live
+
+
+async def test_a_reply_of_a_deleted_conversation_writes_nothing() -> None:
+    convs, records = FakeConversations(), FakeRecords()  # the conversation is gone (get answers None)
+    p = Persistence(convs, records, FakeRedis(), Topics("t."), lambda m: [1])  # type: ignore[arg-type]
+    assert await p.handle(finished()) == []
+    assert convs.messages == {} and records.generations == {}

@@ -29,7 +29,7 @@ def test_shipped_file_has_honest_cpu_defaults(settings: Settings) -> None:
         assert MODEL_NAME in pool.description
         assert pool.uses_default_model
         assert pool.model_path == settings.cache_dir / "models" / MODEL_NAME
-        assert (pool.max_model_len, pool.kv_cache_gib, pool.max_num_batched_tokens) == (2048, 2.0, 256)
+        assert (pool.max_model_len, pool.kv_cache_gib, pool.max_num_batched_tokens) == (2048, 1.0, 256)
         assert pool.enforce_eager and pool.enable_prefix_caching
         assert pool.scheduling_policy == "priority"
     assert (pools["large"].max_num_seqs, pools["small"].max_num_seqs) == (16, 8)

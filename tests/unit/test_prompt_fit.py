@@ -47,12 +47,20 @@ def test_current_turn_is_kept_even_when_over_budget() -> None:
     assert fitted.turns_kept == 1
 
 
-def test_client_history_keeps_system_messages_and_newest_turns() -> None:
+def test_client_history_keeps_its_system_message_instead_of_parleys_and_newest_turns() -> None:
     from consumers.prompt.fit import fit_history
 
     history = [("system", "be terse"), ("user", "a " * 50), ("assistant", "b " * 50), ("user", "question?")]
-    budget = words(SYSTEM_PROMPT) + 2 + 3 * PER_MESSAGE_OVERHEAD + 1 + 60
+    budget = 2 + 3 * PER_MESSAGE_OVERHEAD + 1 + 60
     fitted = fit_history(history, words, budget)
     roles = [m["role"] for m in fitted.messages]
-    assert roles == ["system", "system", "assistant", "user"]  # the oldest user turn fell out
-    assert fitted.messages[0]["content"] == SYSTEM_PROMPT and fitted.messages[-1]["content"] == "question?"
+    assert roles == ["system", "assistant", "user"]  # the oldest user turn fell out
+    assert fitted.messages[0]["content"] == "be terse" and fitted.messages[-1]["content"] == "question?"
+    assert all(m["content"] != SYSTEM_PROMPT for m in fitted.messages)
+
+
+def test_client_history_without_a_system_message_gets_parleys() -> None:
+    from consumers.prompt.fit import fit_history
+
+    fitted = fit_history([("user", "hi")], words, 1000)
+    assert fitted.messages == [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "hi"}]

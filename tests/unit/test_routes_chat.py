@@ -19,7 +19,7 @@ from producers.gateway import routes_chat, submission
 from producers.gateway.app import install_error_handlers
 from producers.gateway.submission import Accepted, Refused
 from schemas import GenerationFinished, GenerationQueued, MessageSubmitted, RequestRefused, TokensAppended, Usage
-from tests.fake_stores import FakeConversations, FakeRedis, conversation
+from tests.fake_stores import FakeConversations, FakeRedis, FakeSealer, conversation
 
 TOKENS = {"tok-ann": User("ann", "free"), "tok-bob": User("bob", "paid")}
 
@@ -54,6 +54,7 @@ class Gateway:
     redis: FakeRedis = field(default_factory=FakeRedis)
     relay: Relay = field(default_factory=Relay)
     owners: dict[str, tuple[str, str]] = field(default_factory=dict)
+    sealer: FakeSealer = field(default_factory=FakeSealer)
     gateway_id: str = "gw-test"
     keepalive_s: float = 1.0
 

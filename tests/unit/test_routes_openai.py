@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from infra.config.settings import Settings
-from producers.gateway import routes_openai, submission
+from producers.gateway import jobs, routes_openai, submission
 from producers.gateway.submission import Accepted
 from schemas import GenerationFinished, GenerationQueued, TokensAppended, Usage, new_id
 
@@ -45,12 +45,12 @@ def cancels(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return sent
 
 
-def job_with(*events: Any) -> routes_openai._Job:
+def job_with(*events: Any, index: int = 0) -> jobs.Job:
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     for offset, event in enumerate(events):
         queue.put_nowait((offset, event))
     gid = events[0].generation_id if events else new_id()
-    return routes_openai._Job(FakeGateway(), Accepted(gid, queue, []), "c", "u", "Smol")  # type: ignore[arg-type]
+    return jobs.Job(FakeGateway(), Accepted(gid, queue, []), "c", "u", "Smol", index)  # type: ignore[arg-type]
 
 
 def ids(gid: str) -> dict[str, Any]:
@@ -72,7 +72,7 @@ async def test_a_whole_stream_is_role_deltas_finish_usage_done(cancels: list[str
         GenerationFinished(**ids(gid), plan="paid", message_id="m", status="length", text="Hello",
                            usage=Usage(prompt_tokens=9, completion_tokens=3), model="Served", pool="large",
                            worker_id="w"))
-    out = payloads([line async for line in routes_openai._chunks(job, include_usage=True)])
+    out = payloads([line async for line in routes_openai._chunks([job], include_usage=True)])
     assert out[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert [c["choices"][0]["delta"] for c in out[1:3]] == [{"content": "Hel"}, {"content": "lo"}]
     assert out[1]["model"] == "Served" and out[3]["choices"][0]["finish_reason"] == "length"
@@ -83,7 +83,7 @@ async def test_a_whole_stream_is_role_deltas_finish_usage_done(cancels: list[str
 async def test_leaving_before_the_end_cancels_once(cancels: list[str]) -> None:
     gid = new_id()
     job = job_with(TokensAppended(**ids(gid), seq=0, text="Once", token_ids=[1]))
-    stream = routes_openai._chunks(job, include_usage=False)
+    stream = routes_openai._chunks([job], include_usage=False)
     assert b"assistant" in await stream.__anext__() and b"Once" in await stream.__anext__()
     await stream.aclose()  # parked at a yield: the client went away
     job.close()  # the response closes it again: still one cancel
@@ -94,8 +94,7 @@ async def test_leaving_before_the_end_cancels_once(cancels: list[str]) -> None:
 async def test_a_client_disconnect_seen_by_starlette_cancels_the_generation(cancels: list[str]) -> None:
     gid = new_id()
     job = job_with(TokensAppended(**ids(gid), seq=0, text="Hi", token_ids=[1]))
-    response = routes_openai._CancelOnLeave(routes_openai._chunks(job, False), job,
-                                            media_type="text/event-stream")
+    response = jobs.CancelOnLeave(routes_openai._chunks([job], False), [job], media_type="text/event-stream")
     sent: list[MutableMapping[str, Any]] = []
     got_body = asyncio.Event()
 
@@ -120,7 +119,31 @@ async def test_text_no_delta_carried_arrives_before_the_finish(cancels: list[str
         GenerationQueued(**ids(gid), pool="canned", model="Prepared", lane="free", position=0, estimated_wait_s=0),
         GenerationFinished(**ids(gid), plan="free", message_id="m", status="complete", text="Try later.",
                            usage=Usage(), model="Prepared", pool="canned", worker_id="scheduler"))
-    out = payloads([line async for line in routes_openai._chunks(job, include_usage=False)])
+    out = payloads([line async for line in routes_openai._chunks([job], include_usage=False)])
     assert [c["choices"][0]["delta"] for c in out[:-1]] == [{"role": "assistant", "content": ""},
                                                              {"content": "Try later."}, {}]
     assert out[2]["choices"][0]["finish_reason"] == "stop" and out[-1] == "[DONE]" and cancels == []
+
+
+def finish(gid: str, text: str, out: int) -> GenerationFinished:
+    return GenerationFinished(**ids(gid), plan="paid", message_id="m", status="complete", text=text,
+                              usage=Usage(prompt_tokens=5, completion_tokens=out), model="Served", pool="large",
+                              worker_id="w")
+
+
+async def test_n_choices_stream_with_their_index_and_end_once_all_have(cancels: list[str]) -> None:
+    a, b = new_id(), new_id()
+    first = job_with(TokensAppended(**ids(a), seq=0, text="A1", token_ids=[1]), finish(a, "A1", 1))
+    second = job_with(TokensAppended(**ids(b), seq=0, text="B1", token_ids=[1]),
+                      TokensAppended(**ids(b), seq=1, text="B2", token_ids=[2]), finish(b, "B1B2", 2), index=1)
+    out = payloads([line async for line in routes_openai._chunks([first, second], include_usage=True)])
+    assert out[-1] == "[DONE]" and out[-2]["choices"] == [] and out[-2]["usage"]["completion_tokens"] == 3
+    deltas: dict[int, str] = {0: "", 1: ""}
+    finishes = []
+    for c in out[:-2]:
+        choice = c["choices"][0]
+        deltas[choice["index"]] += choice["delta"].get("content", "")
+        if choice["finish_reason"]:
+            finishes.append(choice["index"])
+    assert deltas == {0: "A1", 1: "B1B2"} and sorted(finishes) == [0, 1]
+    assert len({c["id"] for c in out[:-1]}) == 1 and cancels == []

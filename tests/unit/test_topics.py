@@ -17,6 +17,7 @@ from topics.catalogue import (
     GENERATION,
     MINUTE_MS,
     PROMPT,
+    PURGE,
     SCHEDULER,
     STAGES,
     Topic,
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGE_FOLDERS = ("consumers", "streams", "producers")
 # Stages run by consumers.stage.Stage: the loop subscribes to the first topic of their ROLE, so their code never
 # names it, and it dead-letters for them.
-STAGE_LOOP = {ADMISSION, PROMPT, SCHEDULER}
+STAGE_LOOP = {ADMISSION, PROMPT, SCHEDULER, PURGE}
 BY_NAME = {t.name: t for t in ALL}
 
 

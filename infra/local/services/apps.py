@@ -8,7 +8,7 @@ the same layout as the backbone services under ``settings.state_dir``::
     logs/<name>.log     its stdout and stderr, one banner line per start
     <name>/             its working directory (part of how we recognise the process as ours)
 
-Names: ``worker-<pool>``, ``stages``, ``gateway``.
+Names: ``worker-<pool>``, ``stages``, ``gateway``, and ``prometheus`` with ``up --with-prometheus``.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class AppSpec:
     ready_log: str | None = None  # a line containing this in its log means ready
     ready_url: str | None = None  # ... or this URL answering 200
     port: int | None = None
+    metrics_port: int | None = None  # where its /metrics answers (the gateway: its HTTP port)
     timeout: float = 120.0
     env: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -94,11 +95,13 @@ def gateway_url(settings: Settings, path: str = "/") -> str:
 
 
 def specs(
-    settings: Settings, pools: Iterable[str], *, workers: bool = True, executable: str | None = None
+    settings: Settings, pools: Iterable[str] | Mapping[str, int], *, workers: bool = True,
+    executable: str | None = None
 ) -> list[AppSpec]:
     """The processes `parley up` starts: a worker per pool (unless ``workers`` is False), the stages
-    process and the gateway, in that order."""
+    process and the gateway, in that order. ``pools`` may map each pool to its worker's metrics port."""
     found: list[AppSpec] = []
+    ports = dict(pools) if isinstance(pools, Mapping) else {}
     if workers:
         for pool in pools:
             args = ("worker", "--pool", pool)
@@ -109,6 +112,7 @@ def specs(
                     command=supervised(worker_name(pool), args, executable),
                     markers=args,
                     ready_log=WORKER_READY,
+                    metrics_port=ports.get(pool) or None,
                     timeout=WORKER_TIMEOUT_S,
                 )
             )
@@ -119,6 +123,7 @@ def specs(
             command=supervised("stages", ("stages",), executable),
             markers=("stages",),
             ready_log=STAGES_READY,
+            metrics_port=settings.ports.stages_metrics or None,
             timeout=STAGES_TIMEOUT_S,
         )
     )
@@ -132,10 +137,18 @@ def specs(
             markers=args,
             ready_url=gateway_url(settings, "/healthz"),
             port=port,
+            metrics_port=port,
             timeout=GATEWAY_TIMEOUT_S,
         )
     )
     return found
+
+
+def prometheus_spec(settings: Settings, command: tuple[str, ...]) -> AppSpec:
+    """Prometheus, scraping every process above (infra/local/prometheus.py writes its config)."""
+    port = settings.ports.prometheus
+    return AppSpec(name="prometheus", kind="prometheus", command=command, markers=("--config.file=",),
+                   ready_url=f"http://{settings.host}:{port}/-/ready", port=port, timeout=GATEWAY_TIMEOUT_S)
 
 
 def missing_subcommands(wanted: Iterable[AppSpec], commands: Mapping[str, object] | None = None) -> list[str]:
@@ -251,6 +264,8 @@ class App:
 
     @property
     def exe_names(self) -> tuple[str, ...]:
+        if self.spec.kind == "prometheus":  # a binary of its own, not one of ours
+            return (Path(os.path.realpath(self.spec.command[0])).name,)
         # `parley` is a script; the kernel reports the interpreter from its #! line, this one.
         return (Path(os.path.realpath(sys.executable)).name, Path(sys.executable).name)
 

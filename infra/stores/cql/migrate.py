@@ -46,10 +46,10 @@ def _statements(text: str) -> tuple[str, ...]:
     return tuple(s.strip().rstrip(";").strip() for s in re.split(r"^\s*;\s*$", body, flags=re.M) if s.strip())
 
 
-def create_keyspace(session: Session, keyspace: str, replication_factor: int = 1) -> None:
+def create_keyspace(session: Session, keyspace: str, replication_factor: int = 1, dc: str = "datacenter1") -> None:
     session.execute(
         f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = "
-        f"{{'class': 'SimpleStrategy', 'replication_factor': {replication_factor}}}"
+        f"{{'class': 'NetworkTopologyStrategy', '{dc}': {replication_factor}}}"
     )
     session.execute(
         f"CREATE TABLE IF NOT EXISTS {keyspace}.schema_migrations "
@@ -57,9 +57,9 @@ def create_keyspace(session: Session, keyspace: str, replication_factor: int = 1
     )
 
 
-def apply_to(session: Session, keyspace: str) -> list[int]:
+def apply_to(session: Session, keyspace: str, replication_factor: int = 1, dc: str = "datacenter1") -> list[int]:
     """Apply pending migrations; return the versions applied now."""
-    create_keyspace(session, keyspace)
+    create_keyspace(session, keyspace, replication_factor, dc)
     session.set_keyspace(keyspace)
     done = {row.version for row in session.execute("SELECT version FROM schema_migrations")}
     applied = []
@@ -80,6 +80,6 @@ def apply_to(session: Session, keyspace: str) -> list[int]:
 def apply(settings: Settings) -> list[int]:
     cluster, session = connect(settings, keyspace=None)
     try:
-        return apply_to(session, settings.keyspace)
+        return apply_to(session, settings.keyspace, settings.cassandra_replication, settings.cassandra_dc)
     finally:
         cluster.shutdown()

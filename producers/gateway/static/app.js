@@ -90,7 +90,7 @@ function wireApp() {
     },
   });
   sidebar = new Sidebar({ list: $("conversation-list"), sentinel: $("list-sentinel"), scroller: $("conversations") },
-    (title) => setTitle(title));
+    (title) => setTitle(title), (err) => showBanner(describe(err)));
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     send();

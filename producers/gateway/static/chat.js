@@ -4,7 +4,7 @@
 import { api, follow, startReply } from "./api.js";
 import { paintReply, replyView, userView } from "./view.js";
 
-const DONE = { end: "complete", stopped: "stopped", length: "length", error: "failed" };
+const DONE = { end: "complete", stopped: "stopped", length: "length", error: "failed", blocked: "blocked" };
 let localIds = 0;
 
 export class Chat {
@@ -166,6 +166,8 @@ export class Chat {
       recovering: (d) => update({ notice: d.message || "Reconnecting to another worker…" }),
       delta: (text) => update({ notice: "", content: reply.content + text }),
       snapshot: (text) => update({ notice: "", content: text }),
+      // The output check withdrew the reply: what was shown goes, the notice stays in its place.
+      retracted: (notice) => update({ notice, content: "", status: "blocked" }),
       error: (d) => update({ notice: d.message || "The model could not answer. Try regenerating." }),
       state: (link) => {
         update({ link });

@@ -1,5 +1,6 @@
 // The list of conversations: newest first, more loaded as it scrolls, titles filled in when the
-// service has written them (it titles a conversation after its first reply).
+// service has written them (it titles a conversation after its first reply); each one can be
+// renamed or deleted (after a confirmation: a deleted conversation is gone for good).
 
 import { api } from "./api.js";
 import { el } from "./view.js";
@@ -9,10 +10,12 @@ const TITLE_POLL_MS = 3000;
 const TITLE_WAIT_MS = 120_000; // stop asking after this long: some conversations never get a title
 
 export class Sidebar {
-  // ui: {list, sentinel, scroller}; onTitle(title) when the open conversation gets its title
-  constructor(ui, onTitle) {
+  // ui: {list, sentinel, scroller}; onTitle(title) when the open conversation gets its title;
+  // onError(err) when a rename or delete fails
+  constructor(ui, onTitle, onError = () => {}) {
     this.ui = ui;
     this.onTitle = onTitle;
+    this.onError = onError;
     this.items = [];
     this.cursor = null;
     this.done = false;
@@ -101,6 +104,35 @@ export class Sidebar {
     return this.items.find((c) => c.conversation_id === conversationId)?.title || null;
   }
 
+  action(kind, label, c) {
+    const button = el("button", `conversation-action ${kind}`);
+    button.type = "button";
+    button.textContent = kind === "delete" ? "✕" : "✎";
+    button.title = `${label} conversation`;
+    button.setAttribute("aria-label", `${label} ${c.title || "new conversation"}`);
+    button.addEventListener("click", () => (kind === "delete" ? this.remove(c) : this.rename(c)).catch(this.onError));
+    return button;
+  }
+
+  async rename(c) {
+    const title = window.prompt("New name for this conversation:", c.title || "");
+    if (title === null || !title.trim()) return;
+    const saved = await api("PATCH", `/v1/conversations/${encodeURIComponent(c.conversation_id)}`, { title });
+    c.title = saved.title;
+    this.untitled.delete(c.conversation_id);
+    this.render();
+    if (c.conversation_id === this.activeId) this.onTitle(saved.title);
+  }
+
+  async remove(c) {
+    if (!window.confirm(`Delete "${c.title || "New conversation"}"? Its messages are erased for good.`)) return;
+    await api("DELETE", `/v1/conversations/${encodeURIComponent(c.conversation_id)}`);
+    this.items = this.items.filter((item) => item !== c);
+    this.untitled.delete(c.conversation_id);
+    this.render();
+    if (c.conversation_id === this.activeId) location.hash = ""; // back to a new, empty conversation
+  }
+
   render() {
     this.ui.list.replaceChildren(...this.items.map((c) => {
       const link = el("a", c.title ? "conversation" : "conversation untitled");
@@ -108,8 +140,8 @@ export class Sidebar {
       link.textContent = c.title || "New conversation";
       link.dataset.conversationId = c.conversation_id;
       if (c.conversation_id === this.activeId) link.setAttribute("aria-current", "page");
-      const li = el("li");
-      li.append(link);
+      const li = el("li", "conversation-item");
+      li.append(link, this.action("rename", "Rename", c), this.action("delete", "Delete", c));
       return li;
     }));
     this.ui.sentinel.hidden = this.done;

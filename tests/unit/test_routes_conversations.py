@@ -1,0 +1,110 @@
+"""Renaming and deleting conversations over HTTP with fake stores: validation, ownership, idempotence."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from infra.stores.accounts import User
+from infra.stores.conversations import Conversation
+from producers.gateway import deletion, routes_conversations
+from producers.gateway.app import install_error_handlers
+from tests.fake_stores import FakeConversations, conversation
+
+TOKENS = {"tok-ann": User("ann", "free"), "tok-bob": User("bob", "free"), "tok-pat": User("pat", "private")}
+NO_RETENTION = {"private"}
+
+
+class Convs(FakeConversations):
+    """Renames, hiding, and the raw rows a repeated delete consults."""
+
+    def __init__(self, *cs: Conversation) -> None:
+        super().__init__(*cs)
+        self.owners = {c.conversation_id: c.user_id for c in cs}
+        self.db = self
+
+    async def rename(self, conv: Conversation, title: str) -> None:
+        self.conversations[conv.conversation_id] = dataclasses.replace(conv, title=title)
+
+    async def execute(self, cql: str, params: tuple[Any, ...]) -> list[Any]:
+        owner = self.owners.get(params[0])
+        return [type("Row", (), {"user_id": owner})()] if owner else []
+
+    async def list_for_user(self, user_id: str, cursor: str | None, limit: int,
+                            source: str | None = "page") -> tuple[list[Conversation], None]:
+        return [c for c in self.conversations.values() if c.user_id == user_id], None
+
+
+@dataclass
+class Gateway:
+    conversations: Convs = field(default_factory=lambda: Convs(conversation("c", "ann"), conversation("d", "ann"),
+                                                               conversation("e", "bob"), conversation("p", "pat")))
+
+    async def user_for_token(self, token: str) -> User | None:
+        return TOKENS.get(token)
+
+    def keeps_nothing(self, user: User) -> bool:
+        return user.plan in NO_RETENTION
+
+
+@pytest.fixture
+async def client(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway, list[str]]]:
+    deleted: list[str] = []
+
+    async def delete(gw: Gateway, conv: Conversation, reason: str = "user") -> None:
+        deleted.append(f"{conv.conversation_id}:{reason}")
+        gw.conversations.conversations.pop(conv.conversation_id)  # hidden: get answers None from now on
+
+    monkeypatch.setattr(deletion, "delete", delete)
+    app, gw = FastAPI(), Gateway()
+    app.state.gateway = gw
+    install_error_handlers(app)
+    app.include_router(routes_conversations.router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+        yield http, gw, deleted
+
+
+def auth(who: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer tok-{who}"}
+
+
+@pytest.mark.parametrize(("title", "code"), [("   ", "empty_title"), ("x" * 201, "title_too_long"),
+                                              ("a\u0007b", "bad_title")])
+async def test_a_bad_title_is_refused_with_its_reason(client: Any, title: str, code: str) -> None:
+    http, gw, _ = client
+    r = await http.patch("/v1/conversations/c", json={"title": title}, headers=auth("ann"))
+    assert r.status_code == 422 and r.json()["error"]["code"] == code
+    assert gw.conversations.conversations["c"].title is None
+
+
+async def test_a_rename_keeps_one_line_and_only_the_owner_may(client: Any) -> None:
+    http, gw, _ = client
+    r = await http.patch("/v1/conversations/c", json={"title": "  Trip\n plans "}, headers=auth("ann"))
+    assert r.status_code == 200 and r.json()["title"] == "Trip plans"
+    assert (await http.patch("/v1/conversations/c", json={"title": "mine"}, headers=auth("bob"))).status_code == 404
+    assert gw.conversations.conversations["c"].title == "Trip plans"
+    r = await http.patch("/v1/conversations/p", json={"title": "x"}, headers=auth("pat"))
+    assert r.status_code == 422 and r.json()["error"]["code"] == "no_retention"
+
+
+async def test_delete_is_owner_only_and_idempotent(client: Any) -> None:
+    http, _, deleted = client
+    assert (await http.delete("/v1/conversations/c", headers=auth("bob"))).status_code == 404
+    assert deleted == []
+    assert (await http.delete("/v1/conversations/c", headers=auth("ann"))).status_code == 204
+    assert (await http.delete("/v1/conversations/c", headers=auth("ann"))).status_code == 204  # again: no-op
+    assert (await http.delete("/v1/conversations/c", headers=auth("bob"))).status_code == 404  # not theirs
+    assert (await http.delete("/v1/conversations/nope", headers=auth("ann"))).status_code == 404
+    assert deleted == ["c:user"]
+
+
+async def test_delete_all_takes_only_the_callers_conversations(client: Any) -> None:
+    http, gw, deleted = client
+    r = await http.delete("/v1/account/conversations", headers=auth("ann"))
+    assert r.status_code == 200 and r.json() == {"deleted": 2}
+    assert sorted(deleted) == ["c:account", "d:account"] and "e" in gw.conversations.conversations

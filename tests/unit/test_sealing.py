@@ -1,0 +1,143 @@
+"""Sealing and key handling without services: an in-memory stand-in for the ``conversation_keys`` table."""
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from cryptography.exceptions import InvalidTag
+
+from infra.stores.crypto import DataKeys, KeyGone, LocalTenantKeys
+from infra.stores.sealing import SEALED_FIELDS, Sealer, is_sealed
+from schemas import (
+    GenerationFinished,
+    GenerationRequested,
+    MessageSubmitted,
+    TokensAppended,
+    Usage,
+    decode,
+    encode,
+)
+from schemas.gateway import ChatTurn
+
+
+class KeyTable:
+    """Just the three statements DataKeys runs."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, SimpleNamespace] = {}
+        self.reads = 0
+
+    async def execute(self, cql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        if cql.startswith("INSERT"):
+            cid, tenant, wrapped, _ = params
+            if cid in self.rows:
+                return [SimpleNamespace(applied=False, **vars(self.rows[cid]))]
+            self.rows[cid] = SimpleNamespace(tenant_id=tenant, wrapped_key=wrapped)
+            return [SimpleNamespace(applied=True)]
+        if cql.startswith("SELECT"):
+            self.reads += 1
+            return [self.rows[params[0]]] if params[0] in self.rows else []
+        self.rows.pop(params[0], None)
+        return []
+
+
+@pytest.fixture
+def table() -> KeyTable:
+    return KeyTable()
+
+
+@pytest.fixture
+def sealer(tmp_path: Path, table: KeyTable) -> Sealer:
+    return Sealer(DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=60))  # type: ignore[arg-type]
+
+
+def submitted(cid: str, content: str = "the secret plan is Tuesday") -> MessageSubmitted:
+    return MessageSubmitted(generation_id="g1", conversation_id=cid, user_id="u1", plan="free", message_id="m1",
+                            client_message_id="c1", content=content,
+                            history=[ChatTurn("user", "earlier words")])
+
+
+async def test_every_text_field_is_sealed_and_opens_back(sealer: Sealer) -> None:
+    await sealer.keys.create("conv-a", "u1")
+    event = submitted("conv-a")
+    sealed = await sealer.seal(event)
+    wire = encode(sealed)
+    assert b"secret plan" not in wire and b"earlier words" not in wire
+    assert is_sealed(sealed.content) and is_sealed(sealed.history)
+    assert await sealer.open(decode(wire)) == event
+
+
+async def test_token_ids_and_text_round_trip(sealer: Sealer) -> None:
+    await sealer.keys.create("conv-a", "u1")
+    tokens = TokensAppended(generation_id="g1", conversation_id="conv-a", user_id="u1", seq=3, text=" Paris",
+                            token_ids=[7, 65_000, 2**31])
+    sealed = await sealer.seal(tokens)
+    assert isinstance(sealed.token_ids, str) and b"Paris" not in encode(sealed)
+    assert await sealer.open(decode(encode(sealed))) == tokens
+    request = GenerationRequested(generation_id="g1", conversation_id="conv-a", user_id="u1", plan="free",
+                                  pool="large", lane="free", prompt_token_ids=list(range(500)), max_tokens=9)
+    assert (await sealer.open(await sealer.seal(request))).prompt_token_ids == list(range(500))
+
+
+async def test_destroyed_key_makes_every_copy_unreadable(sealer: Sealer, table: KeyTable) -> None:
+    await sealer.keys.create("conv-a", "u1")
+    copy = encode(await sealer.seal(submitted("conv-a")))  # e.g. a record in a Kafka segment or a backup
+    await sealer.keys.destroy("conv-a")
+    with pytest.raises(KeyGone):
+        await sealer.open(decode(copy))
+    assert "conv-a" not in table.rows
+    assert await sealer.open_text("conv-a", decode(copy).content) is None  # a stored row reads as no text
+
+
+async def test_a_value_moved_to_another_conversation_does_not_open(sealer: Sealer) -> None:
+    await sealer.keys.create("conv-a", "u1")
+    await sealer.keys.create("conv-b", "u1")
+    sealed = await sealer.seal(submitted("conv-a"))
+    moved = decode(encode(sealed).replace(b"conv-a", b"conv-b"))
+    with pytest.raises(KeyGone):
+        await sealer.open(moved)
+
+
+async def test_keys_are_cached_per_process(sealer: Sealer, table: KeyTable, tmp_path: Path) -> None:
+    await sealer.keys.create("conv-a", "u1")
+    other = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=60)  # type: ignore[arg-type]
+    for _ in range(50):
+        await other.get("conv-a")
+    assert table.reads == 1
+
+
+async def test_create_is_first_wins(sealer: Sealer, table: KeyTable, tmp_path: Path) -> None:
+    first = await sealer.keys.create("conv-a", "u1")
+    other = DataKeys(table, LocalTenantKeys.under(tmp_path))  # type: ignore[arg-type]
+    second = await other.create("conv-a", "u1")
+    nonce = b"\0" * 12
+    assert second.decrypt(nonce, first.encrypt(nonce, b"x", None), None) == b"x"
+
+
+def test_master_key_file_is_private_and_stable(tmp_path: Path) -> None:
+    keys = LocalTenantKeys.under(tmp_path)
+    wrapped = keys.wrap("tenant-1", b"k" * 32, b"conv-a")
+    path = tmp_path / "keys" / "master.key"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(path.read_bytes()) == 32
+    assert LocalTenantKeys.under(tmp_path).unwrap("tenant-1", wrapped, b"conv-a") == b"k" * 32
+    with pytest.raises(InvalidTag):  # another tenant's key does not unwrap it
+        LocalTenantKeys.under(tmp_path).unwrap("tenant-2", wrapped, b"conv-a")
+
+
+async def test_unsealed_and_empty_values_pass_through(sealer: Sealer) -> None:
+    finished = GenerationFinished(generation_id="g1", conversation_id="none", user_id="u1", plan="free",
+                                  message_id="m", status="stopped", text="", usage=Usage(), model="m", pool="large",
+                                  worker_id="w")
+    assert await sealer.seal(finished) is finished  # nothing to seal: no key is needed
+    assert await sealer.open_text("none", "written before sealing") == "written before sealing"
+
+
+def test_the_usage_topic_carries_no_text() -> None:
+    from schemas import UsageRecorded
+
+    assert UsageRecorded not in SEALED_FIELDS
+    text_like = {f for f in UsageRecorded.__struct_fields__ if f in ("text", "content", "title", "summary")}
+    assert not text_like
