@@ -109,7 +109,7 @@ def decide(event: MessageSubmitted, outcome: Reservation | Refusal, rules: Admis
         generation_id=event.generation_id, conversation_id=event.conversation_id, user_id=event.user_id,
         plan=event.plan, message_id=event.message_id, client_message_id=event.client_message_id,
         content=event.content, pool=pool, parent_id=event.parent_id, regenerate=event.regenerate,
-        reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
+        edit_of=event.edit_of, reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
         temperature=event.temperature, history=event.history, sampling=event.sampling, deadline=event.deadline)
     return [Out(topics.admitted, admitted, event.conversation_id)]
 

@@ -21,6 +21,7 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     pool: str
     parent_id: str | None = None
     regenerate: bool = False
+    edit_of: str | None = None
     reply_cap: int
     reserved_tokens: int
     route_reason: str = "default"  # why this pool: default, requested, classifier

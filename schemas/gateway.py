@@ -29,8 +29,11 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     client_message_id: str
     content: str  # sealed with the conversation's data key (infra/stores/sealing.py)
     pool: str | None = None  # requested model pool; None = the default
-    parent_id: str | None = None  # set for a regenerate: the user message being answered again
+    # A regenerate: the user message answered again. A new message: the reply it follows (its branch);
+    # None = the conversation's newest reply.
+    parent_id: str | None = None
     regenerate: bool = False
+    edit_of: str | None = None  # an edited message: the user message it stands beside (same turn and parent)
     max_tokens: int | None = None
     temperature: float | None = None
     history: list[ChatTurn] | str | None = None  # set: the prompt is this history (str: sealed)

@@ -23,6 +23,7 @@ from infra.stores.conversations import Conversations, Message
 from infra.stores.crypto import KeyGone
 from infra.stores.records import Records, Summary
 from infra.stores.sealing import Sealer
+from infra.stores.search import TITLE, SearchIndex
 from schemas import GenerationFinished, GenerationRequested
 from schemas.scheduler import BACKGROUND_PRIORITY
 from streams.app import applied, topic
@@ -38,9 +39,9 @@ TITLE_INSTRUCTION = ("Write a title of at most six words for this conversation. 
 class Persistence:
     def __init__(self, conversations: Conversations, records: Records, redis: Any, topics: Topics,
                  chat_ids: Callable[[list[dict[str, str]]], list[int]], sealer: Sealer | None = None,
-                 keep_nothing: frozenset[str] = frozenset()) -> None:
+                 keep_nothing: frozenset[str] = frozenset(), search: SearchIndex | None = None) -> None:
         self.conversations, self.records, self.redis, self.topics = conversations, records, redis, topics
-        self.chat_ids, self.sealer, self.keep_nothing = chat_ids, sealer, keep_nothing
+        self.chat_ids, self.sealer, self.keep_nothing, self.search = chat_ids, sealer, keep_nothing, search
 
     async def handle(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
         """Apply one finished generation; returns events to send as (topic, event, key), sealed."""
@@ -94,11 +95,22 @@ class Persistence:
             rules_version=e.block.rules_version if e.block else None))
         await self._save_generation(e)
         await self.conversations.touch(conv, finished_at)
+        await self._index(e)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
                  e.usage.prompt_tokens, e.usage.completion_tokens)
         if conv.title is None and e.status == "complete" and e.text.strip():
             return await self._ask_for_title(e)
         return []
+
+    async def _index(self, e: GenerationFinished) -> None:
+        """The exchange becomes searchable once its reply is saved (the user message with it: off the hot path)."""
+        if self.search is None:
+            return
+        user = await self.conversations.get_message(e.conversation_id, e.turn, e.parent_id) if e.parent_id else None
+        if user is not None:
+            await self.search.index(e.user_id, e.conversation_id, user.message_id, e.turn, user.content)
+        if e.text.strip():
+            await self.search.index(e.user_id, e.conversation_id, e.message_id, e.turn, e.text)
 
     async def _save_generation(self, e: GenerationFinished) -> None:
         await self.records.save_generation(
@@ -126,6 +138,8 @@ class Persistence:
         if conv is None or not title or conv.title is not None:
             return  # deleted, empty, or already titled (by the user's rename, or an earlier title)
         await self.conversations.touch(conv, conv.updated_at, title=title)
+        if self.search is not None:
+            await self.search.index(conv.user_id, conv.conversation_id, TITLE, -1, title)
         log.info("conversation %s titled (%d chars)", e.conversation_id, len(title))
 
 

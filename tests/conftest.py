@@ -25,14 +25,15 @@ def stack_settings() -> Iterator[Settings]:
 
 
 @pytest.fixture
-async def topic_prefix(stack_settings: Settings) -> str:
-    """Every catalogue topic, created fresh under a prefix unique to this test."""
+async def topic_prefix(stack_settings: Settings) -> AsyncIterator[str]:
+    """Every catalogue topic, created fresh under a prefix unique to this test, and deleted after it."""
     from infra.config.pools import load_pools
-    from topics.admin import ensure_topics_async
+    from topics.admin import delete_prefixed_async, ensure_topics_async
 
     prefix = f"t{uuid.uuid4().hex[:10]}."
     await ensure_topics_async(stack_settings.kafka_bootstrap, prefix, load_pools(stack_settings))
-    return prefix
+    yield prefix
+    await delete_prefixed_async(stack_settings.kafka_bootstrap, prefix)
 
 
 @pytest.fixture

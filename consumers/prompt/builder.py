@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumers.deadlines import past_deadline
+from consumers.prompt.branch import branch_turns, newest_reply
 from consumers.prompt.fit import Turn, fit, fit_history
 from consumers.stage import Out
 from infra.stores.conversations import Conversations, Message
@@ -62,7 +63,7 @@ class PromptBuilder:
         turn, user_message = self._place(req, history)
         if user_message is None:
             return []  # regenerating a message that is not there
-        built = self._build(req, history, summary, turn, user_message.content)
+        built = self._build(req, history, summary, user_message)
         if isinstance(built, Out):
             return [built]
         ids, fitted, turns = built
@@ -82,7 +83,7 @@ class PromptBuilder:
             if won.turn != turn:  # a redelivery after a later message moved the next turn: keep the first one
                 await self._take_back(req, turn, user_message)
                 turn, user_message = won.turn, dataclasses.replace(user_message, turn=won.turn)
-                built = self._build(req, history, summary, turn, user_message.content)
+                built = self._build(req, history, summary, user_message)
                 if isinstance(built, Out):
                     return [built]
                 ids, fitted, turns = built
@@ -123,24 +124,40 @@ class PromptBuilder:
                  e.block.rules_version)
 
     def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message | None]:
-        """The turn to answer and its user message (None when regenerating a message that is not there)."""
-        if req.regenerate:
-            parent = next((m for m in history if m.message_id == req.parent_id and m.role == "user"), None)
-            return (parent.turn, parent) if parent is not None else (-1, None)
-        turn = max((m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
-        return turn, Message(req.conversation_id, turn, req.message_id, "user", req.content, status="complete",
-                             generation_id=req.generation_id, client_message_id=req.client_message_id,
-                             created_at=datetime.now(UTC))
+        """The turn to answer and its user message (None when the message to regenerate or edit is not there).
 
-    def _build(self, req: RequestAdmitted, history: list[Message], summary: Any, turn: int,
-               user_text: str) -> tuple[list[int], Any, list[Turn]] | Out:
+        A new message follows the reply it names (``parent_id``; by default the newest reply) and takes the
+        next turn; an edited one stands beside the message it edits, on the same turn with the same parent.
+        """
+        by_id = {m.message_id: m for m in history}
+        if not req.regenerate and (saved := by_id.get(req.message_id)) is not None and saved.role == "user":
+            return saved.turn, saved  # a redelivery: the message stays where it was first placed
+        if req.regenerate:
+            parent = by_id.get(req.parent_id or "")
+            return (parent.turn, parent) if parent is not None and parent.role == "user" else (-1, None)
+        if req.edit_of is not None:
+            edited = by_id.get(req.edit_of)
+            if edited is None or edited.role != "user":
+                return -1, None
+            turn, after = edited.turn, edited.parent_id
+        else:
+            prev = by_id.get(req.parent_id or "") or newest_reply(history, req.generation_id)
+            after = prev.message_id if prev is not None and prev.role == "assistant" else None
+            turn = prev.turn + 1 if after is not None and prev is not None else max(
+                (m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
+        return turn, Message(req.conversation_id, turn, req.message_id, "user", req.content, status="complete",
+                             parent_id=after, generation_id=req.generation_id,
+                             client_message_id=req.client_message_id, created_at=datetime.now(UTC))
+
+    def _build(self, req: RequestAdmitted, history: list[Message], summary: Any,
+               user_message: Message) -> tuple[list[int], Any, list[Turn]] | Out:
         """The prompt's token ids (or the refusal when it cannot fit the model)."""
         tok = self.tokenizer_for_pool(req.pool)
         turns: list[Turn] = []
         if isinstance(req.history, list):  # the client sent the whole history (OpenAI-compatible API)
             fitted = fit_history([(t.role, t.content) for t in req.history], tok.count, self.budget)
         else:
-            turns = _turns(history, turn, user_text)
+            turns = branch_turns(history, user_message)
             fitted = fit(turns, tok.count, self.budget, (summary.upto_turn, summary.summary) if summary else None)
         ids = tok.chat_ids(fitted.messages)
         context = self.max_model_len(req.pool)
@@ -193,18 +210,6 @@ class PromptBuilder:
             user_id=req.user_id, plan=req.plan, pool="small", lane="free", prompt_token_ids=ids,
             max_tokens=160, priority=BACKGROUND_PRIORITY, turn=upto, purpose="summary", temperature=0.0),
             req.conversation_id)
-
-
-def _turns(history: list[Message], current_turn: int, current_text: str) -> list[Turn]:
-    """One (user, newest finished assistant) pair per earlier turn, then the turn to answer."""
-    users = {m.turn: m.content for m in history if m.role == "user" and m.turn < current_turn
-             and m.status != "blocked"}  # a refused message is not part of what the model reads
-    replies: dict[int, str] = {}
-    for m in history:  # oldest first, so the newest sibling wins
-        if m.role == "assistant" and m.turn < current_turn and m.status in ("complete", "stopped", "length"):
-            replies[m.turn] = m.content
-    earlier = [Turn(t, users[t], replies.get(t, "")) for t in sorted(users)]
-    return earlier + [Turn(current_turn, current_text, None)]
 
 
 async def _none() -> None:

@@ -99,6 +99,7 @@ class Settings:
     kafka_send_timeout_s: float = 3.0  # a send Kafka has not acknowledged by then is a 503
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
     cursor_secret: str = ""  # signs page cursors; empty: a random key kept in the state folder
+    session_ttl_s: int = 7 * 24 * 3600  # the page's sign-in lasts this long, then the cookie is refused
     # admission
     route_small_max_chars: int | None = None  # None: the short-message classifier is off
     min_visible_chars: int = 1
@@ -219,6 +220,7 @@ VARS: tuple[Var, ...] = (
     Var("KAFKA_SEND_TIMEOUT_S", "kafka_send_timeout_s", float),
     Var("CURSOR_SECRET", "cursor_secret", str),
     Var("LOCAL_MODE", "local_mode", _bool),
+    Var("SESSION_TTL_S", "session_ttl_s", int),
     Var("ROUTE_SMALL_MAX_CHARS", "route_small_max_chars", _optional_int),
     Var("MIN_VISIBLE_CHARS", "min_visible_chars", int),
     Var("HISTORY_ALLOWANCE", "history_allowance", int),

@@ -32,6 +32,7 @@ from infra.stores.conversations import Conversations
 from infra.stores.quota import Quota
 from infra.stores.records import Records
 from infra.stores.sealing import Sealer, configured
+from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession, connect
 from schemas import InputBlocked, RequestAdmitted
 from streams import persistence, settlement, usage_rollup
@@ -94,8 +95,10 @@ def scheduler_stage(r: Resources) -> SchedulerStage:
 
 def persistence_stage(r: Resources) -> FaustStage:
     app = make_app(PERSISTENCE, r.settings)
-    saver = persistence.Persistence(Conversations(r.db, r.sealer), Records(r.db, r.sealer), r.redis, r.topics,
-                                    r.tokenizer("small").chat_ids, sealer=r.sealer, keep_nothing=r.keep_nothing)
+    conversations = Conversations(r.db, r.sealer)
+    saver = persistence.Persistence(conversations, Records(r.db, r.sealer), r.redis, r.topics,
+                                    r.tokenizer("small").chat_ids, sealer=r.sealer, keep_nothing=r.keep_nothing,
+                                    search=SearchIndex(r.db, conversations))
     persistence.build_app(app, saver, r.topics)
     return FaustStage(PERSISTENCE, app)
 

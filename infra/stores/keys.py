@@ -95,3 +95,8 @@ def title_requested(conversation_id: str) -> str:
 
 def abandoned_cancelled(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:abandoned"
+
+
+def page_session(session_hash: str) -> str:
+    """The page's signed-in session -> user id, with the session's expiry as TTL; keyed by the id's SHA-256."""
+    return f"{PREFIX}session:{session_hash}"

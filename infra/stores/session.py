@@ -13,7 +13,7 @@ from typing import Any
 from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy
-from cassandra.query import PreparedStatement
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from infra.config.settings import Settings
 
@@ -77,6 +77,14 @@ class AsyncSession:
 
     async def execute(self, cql: str, params: Sequence[Any] = ()) -> list[Any]:
         return (await self.page(cql, params, fetch_size=None)).rows
+
+    async def batch(self, cql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement bound to many rows, sent as an unlogged batch (for rows of one partition)."""
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        stmt = self.prepare(cql)
+        for params in rows:
+            batch.add(stmt, params)
+        await _bridge(self.session.execute_async(batch))
 
     async def page(self, cql: str, params: Sequence[Any] = (), fetch_size: int | None = 50,
                    paging_state: bytes | None = None) -> Page:

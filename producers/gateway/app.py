@@ -43,6 +43,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
         routes_conversations,
         routes_openai,
         routes_responses,
+        routes_search,
         routes_session,
         routes_usage,
         routes_web,
@@ -50,6 +51,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
 
     app.include_router(routes_session.router)
     app.include_router(routes_conversations.router)
+    app.include_router(routes_search.router)
     app.include_router(routes_chat.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_responses.router)

@@ -26,7 +26,9 @@ ACCEPTED = frozenset({"model", "input", "instructions", "previous_response_id", 
 # Accepted only at the value that means "not used" (what the SDKs send by default).
 UNUSED: dict[str, tuple[Any, ...]] = {"tools": (None, []), "tool_choice": (None, "none", "auto"),
                                       "include": (None, []), "reasoning": (None, {}), "max_tool_calls": (None,)}
-STATUS = {"complete": "completed", "length": "incomplete", "stopped": "cancelled", "failed": "failed"}
+STATUS = {"complete": "completed", "length": "incomplete", "stopped": "cancelled", "failed": "failed",
+          "blocked": "incomplete"}  # the output check cut the reply: its text is the notice
+INCOMPLETE = {"length": "max_output_tokens", "blocked": "content_filter"}
 END_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete",
              "cancelled": "response.incomplete", "failed": "response.failed"}
 
@@ -151,6 +153,7 @@ class State:
     seqs: set[int] = field(default_factory=set)
     usage: Usage | None = None
     error: dict[str, str] | None = None
+    reason: str = ""  # Parley's own status once finished
 
     def feed(self, event: Any) -> str | None:
         """Fold one event in; returns the new text it carried (None if it carried none)."""
@@ -165,7 +168,7 @@ class State:
         elif isinstance(event, GenerationFinished):
             rest = event.text[len(self.text):] if event.text.startswith(self.text) else ""
             self.text, self.model, self.usage = event.text, event.model, event.usage
-            self.status = STATUS[event.status]
+            self.status, self.reason = STATUS[event.status], event.status
             if event.status == "failed":
                 self.error = {"code": "server_error", "message": event.reason or "The model failed to answer."}
             return rest or None
@@ -197,7 +200,7 @@ def response_object(state: State, echo: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": response_id(state.generation_id), "object": "response",
         "created_at": id_time_ms(state.generation_id) // 1000, "status": state.status, "model": state.model,
-        "error": state.error, "incomplete_details": {"reason": "max_output_tokens"}
+        "error": state.error, "incomplete_details": {"reason": INCOMPLETE.get(state.reason, "max_output_tokens")}
         if state.status == "incomplete" else None,
         "output": [message_item(state, state.text)] if started or state.done else [],
         "usage": None if usage is None else {

@@ -60,12 +60,20 @@ class SendMessage(BaseModel):
 
     def sampled(self) -> tuple[int | None, sampling_params.Parsed]:
         """(max_tokens, sampling), or a 422 naming the parameter."""
-        fields = self.model_dump(exclude={"content", "model", "client_message_id"}, exclude_none=True)
+        fields = self.model_dump(exclude={"content", "model", "client_message_id", "parent_id"}, exclude_none=True)
         try:
             max_tokens = sampling_params.positive_int(fields, "max_tokens")
             return max_tokens, sampling_params.parse(fields, max_tokens)
         except sampling_params.CompatError as exc:
             raise ApiError(422, "invalid_parameter", exc.message) from exc
+    parent_id: str | None = Field(default=None, max_length=64,
+                                  description="the reply this message follows (its branch); default: the newest")
+
+
+class EditMessage(BaseModel):
+    content: str = Field(description="the new text of the user message")
+    model: str | None = None
+    client_message_id: str | None = Field(default=None, max_length=128)
 
 
 class Regenerate(BaseModel):
@@ -90,16 +98,32 @@ SSE_OK: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream"
 async def send_message(request: Request, conversation_id: str, body: SendMessage,
                        user: User = Depends(current_user)) -> StreamingResponse:
     gw = gateway_of(request)
-    if not body.content.strip():
-        raise ApiError(422, "empty_content", "The message is empty. Type something to send.")
-    if len(body.content) > gw.settings.max_message_chars:
-        raise ApiError(413, "too_large", f"The message is {len(body.content):,} characters; the limit is "
-                                         f"{gw.settings.max_message_chars:,}. Shorten it or split it.")
+    _check_content(gw, body.content)
     pool = _pool(gw, body.model)
     max_tokens, sampled = body.sampled()
     await _own_conversation(gw, conversation_id, user)
+    if body.parent_id is not None:
+        history = await gw.conversations.all_messages(conversation_id)
+        if not any(m.message_id == body.parent_id and m.role == "assistant" for m in history):
+            raise not_found("reply to follow (parent_id)")
     return await _submit(request, gw, user, conversation_id, body.content, pool, body.client_message_id,
-                         message_id=new_id(), parent_id=None, max_tokens=max_tokens, sampled=sampled)
+                         message_id=new_id(), parent_id=body.parent_id, max_tokens=max_tokens, sampled=sampled)
+
+
+@router.post("/conversations/{conversation_id}/messages/{message_id}/edit", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+async def edit(request: Request, conversation_id: str, message_id: str, body: EditMessage,
+               user: User = Depends(current_user)) -> StreamingResponse:
+    """Edit and resend: a new user message beside ``message_id`` (same turn, same parent) with a new reply."""
+    gw = gateway_of(request)
+    _check_content(gw, body.content)
+    pool = _pool(gw, body.model)
+    await _own_conversation(gw, conversation_id, user)
+    history = await gw.conversations.all_messages(conversation_id)
+    if not any(m.message_id == message_id and m.role == "user" for m in history):
+        raise not_found("user message")
+    return await _submit(request, gw, user, conversation_id, body.content, pool, body.client_message_id,
+                         message_id=new_id(), parent_id=None, edit_of=message_id)
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
@@ -119,7 +143,7 @@ async def regenerate(request: Request, conversation_id: str, message_id: str, bo
     if parent is None:
         raise not_found("message")
     return await _submit(request, gw, user, conversation_id, parent.content, pool, body.client_message_id,
-                         message_id=parent.message_id, parent_id=parent.message_id)
+                         message_id=parent.message_id, parent_id=parent.message_id, regenerate=True)
 
 
 @router.post("/generations/{generation_id}/cancel", status_code=202, responses=responses(404))
@@ -164,6 +188,14 @@ def _event_id(raw: str | None) -> int | None:
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
+def _check_content(gw: Gateway, content: str) -> None:
+    if not content.strip():
+        raise ApiError(422, "empty_content", "The message is empty. Type something to send.")
+    if len(content) > gw.settings.max_message_chars:
+        raise ApiError(413, "too_large", f"The message is {len(content):,} characters; the limit is "
+                                         f"{gw.settings.max_message_chars:,}. Shorten it or split it.")
+
+
 def _pool(gw: Gateway, requested: str | None) -> str:
     pool = requested or gw.settings.default_pool
     if pool not in gw.models:
@@ -180,7 +212,8 @@ async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> No
 
 async def _submit(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
                   client_message_id: str | None, *, message_id: str, parent_id: str | None,
-                  max_tokens: int | None = None, sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
+                  regenerate: bool = False, edit_of: str | None = None, max_tokens: int | None = None,
+                  sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
     generation_id = new_id()
     cmid = client_message_id or f"auto-{uuid.uuid4().hex}"
     claim_key, fingerprint = keys.client_message(conversation_id, cmid), _fingerprint(content)
@@ -200,8 +233,9 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
             plan=user.plan, message_id=message_id, client_message_id=cmid, content=content, pool=pool,  # type: ignore[arg-type]
-            parent_id=parent_id, regenerate=parent_id is not None, gateway_id=gw.gateway_id, max_tokens=max_tokens,
-            temperature=sampled.temperature if sampled else None, sampling=sampled.sampling if sampled else None))
+            parent_id=parent_id, regenerate=regenerate, edit_of=edit_of, gateway_id=gw.gateway_id,
+            max_tokens=max_tokens, temperature=sampled.temperature if sampled else None,
+            sampling=sampled.sampling if sampled else None))
     except Exception:  # refused, or never acknowledged: a later retry with this id must start afresh
         with contextlib.suppress(RedisError):
             await gw.redis.delete(claim_key)

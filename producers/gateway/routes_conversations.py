@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from infra.stores.accounts import User
 from infra.stores.conversations import SOURCES, Conversation, Message
+from infra.stores.search import TITLE
 from producers.gateway import deletion
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found, responses
@@ -33,6 +34,8 @@ async def create_conversation(request: Request, body: NewConversation | None = N
     keep = not gw.keeps_nothing(user)  # a no-retention plan's conversations are neither listed nor titled
     conv = await gw.conversations.create(user.user_id, model=body.model if body else None,
                                          title=body.title if body and keep else None, listed=keep)
+    if conv.title:
+        await gw.search.index(user.user_id, conv.conversation_id, TITLE, -1, conv.title)
     return {"conversation_id": conv.conversation_id}
 
 
@@ -112,7 +115,7 @@ async def list_messages(request: Request, conversation_id: str, cursor: str | No
     conv = await _owned(gw, conversation_id, user)
     items, inner = await gw.conversations.messages(conversation_id, inner, limit)
     next_cursor = gw.cursors.sign(scope, inner)
-    return {"conversation_id": conversation_id, "title": conv.title,
+    return {"conversation_id": conversation_id, "title": conv.title, "model": conv.model,
             "items": [message_json(m) for m in items], "next_cursor": next_cursor}
 
 

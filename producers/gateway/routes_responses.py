@@ -53,8 +53,9 @@ async def create_response(request: Request, body: Any = Body(..., examples=[{"mo
     req = rc.parse(body, gw.models, gw.settings.default_pool, gw.settings.max_message_chars)
     conversation_id, earlier = await _continued(gw, user, req.previous_response_id)
     if conversation_id is None:
-        conv = await gw.conversations.create(user.user_id, model=req.pool, source="api",
-                                             title=" ".join(req.input[-1].content.split())[:60])
+        keep = req.store and not gw.keeps_nothing(user)  # no-retention plans: not listed, no title
+        conv = await gw.conversations.create(user.user_id, model=req.pool, source="api", listed=keep,
+                                             title=" ".join(req.input[-1].content.split())[:60] if keep else None)
         conversation_id = conv.conversation_id
         if not req.store:  # deleted from the start: no stage lists it, titles it or reads it back
             await gw.conversations.mark_deleted(conv)

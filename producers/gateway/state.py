@@ -18,8 +18,10 @@ from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.accounts import Accounts, User
 from infra.stores.conversations import Conversations
+from infra.stores.page_sessions import PageSessions
 from infra.stores.records import Records
 from infra.stores.sealing import Sealer, configured
+from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession, connect
 from producers.gateway.cursors import Cursors, cursor_key
 from producers.gateway.relay import TokenRelay
@@ -46,6 +48,8 @@ class Gateway:
     conversations: Conversations = field(init=False)
     records: Records = field(init=False)
     cursors: Cursors = field(init=False)
+    sessions: PageSessions = field(init=False)
+    search: SearchIndex = field(init=False)
     sealer: Sealer = field(init=False)
     plans: dict[str, Plan] = field(default_factory=dict)  # read at start(), from settings.plans_file
     quota: Any = None
@@ -66,6 +70,8 @@ class Gateway:
         self.conversations, self.records = Conversations(db, self.sealer), Records(db, self.sealer)
         self.relay = TokenRelay(self.settings.kafka_bootstrap, self.topics.tokens, self.sealer)
         await self.relay.start()
+        self.sessions = PageSessions(self.redis, self.settings.session_ttl_s)
+        self.search = SearchIndex(db, self.conversations)
 
     async def stop(self) -> None:
         await self.relay.stop()
@@ -81,6 +87,19 @@ class Gateway:
         user = await self.accounts.user_for_token(token)
         if user is not None:
             self._auth_cache[token] = (time.monotonic() + 60, user)
+        return user
+
+    async def user_for_session(self, session_id: str) -> User | None:
+        """The page's signed-in user. The session is looked up every time: sign-out ends it at once."""
+        user_id = await self.sessions.user_id(session_id)
+        if user_id is None:
+            return None
+        cached = self._auth_cache.get(f"user:{user_id}")
+        if cached and cached[0] > time.monotonic():
+            return cached[1]
+        user = await self.accounts.get_user(user_id)
+        if user is not None:
+            self._auth_cache[f"user:{user_id}"] = (time.monotonic() + 60, user)
         return user
 
     async def owner(self, generation_id: str) -> tuple[str, str] | None:

@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 
 from consumers.generation.engine import engine_kwargs
-from tests.benchmarks import common
+from tests.benchmarks import common, cpu_split
 from tests.benchmarks.common import ratio
+from tests.benchmarks.profiling import Profiler
 from tests.e2e.service import free_port
 
 POOL_ENV = {"PARLEY_POOL_LARGE_MAX_SEQS": "16", "PARLEY_POOL_LARGE_MAX_BATCHED_TOKENS": "256",
@@ -63,6 +64,25 @@ def bench(base_url: str, model_dir: str, served: str, concurrency: int, ns: argp
     return result
 
 
+def measured(run: Any, pids: dict[str, int], c: int, side: str,
+             profile: dict[str, int] | None = None) -> dict[str, Any]:
+    """One level with each process's CPU seconds counted around it (and py-spy on ``profile`` if asked)."""
+    profiler = Profiler(profile, common.RESULTS / "profiles", f"peer-{side}-c{c}") if profile else None
+    profiling = profiler.start() if profiler else False
+    before, started = cpu_split.snapshot(pids), time.time()
+    result = run(c)
+    split = cpu_split.split(before, cpu_split.snapshot(pids), int(result.get("total_output_tokens", 0)),
+                            time.time() - started)
+    cpu_split.print_split(side, c, split)
+    result["cpu"] = split
+    if profiling and profiler:
+        result["profile"] = profiler.stop()
+        for name, prof in result["profile"].items():
+            print(f"   profile {name}: busy {prof.get('busy_share_of_one_core')} core; "
+                  f"by owner {prof.get('by_owner', [])[:4]}")
+    return result
+
+
 async def parley_side(ns: argparse.Namespace, env: dict[str, str], pool: Any) -> dict[int, dict[str, Any]]:
     settings = await common.bench_settings("peer")
     user = (await common.make_users(settings, "paid", 1))[0]
@@ -70,8 +90,12 @@ async def parley_side(ns: argparse.Namespace, env: dict[str, str], pool: Any) ->
     try:
         common.start_pipeline(svc)
         url = svc.url("gateway-a")
-        return {c: bench(url, pool.model_dir, pool.served_model_name, c, ns, "parley", user.token)
-                for c in ns.levels}
+        own = {name: p.popen.pid for name, p in svc.procs.items()}
+        pids = {**cpu_split.with_children(own, ("worker-large",)), **cpu_split.backbone_pids(settings)}
+        top = max(ns.levels)
+        return {c: measured(lambda c: bench(url, pool.model_dir, pool.served_model_name, c, ns, "parley",
+                                            user.token), pids, c, "parley",
+                            own if ns.profile and c == top else None) for c in ns.levels}
     finally:
         common.stop_service(svc)
         await common.delete_topics(settings)
@@ -106,8 +130,12 @@ def vllm_side(ns: argparse.Namespace, pool: Any) -> dict[int, dict[str, Any]]:
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"vLLM's server did not start; see {log}")
             time.sleep(1)
-        return {c: bench(f"http://127.0.0.1:{port}", pool.model_dir, pool.served_model_name, c, ns, "vllm")
-                for c in ns.levels}
+        from infra.config.settings import Settings
+
+        pids = {**cpu_split.with_children({"vllm server": proc.pid}, ("vllm server",)),
+                **cpu_split.backbone_pids(Settings.from_env())}
+        return {c: measured(lambda c: bench(f"http://127.0.0.1:{port}", pool.model_dir, pool.served_model_name,
+                                            c, ns, "vllm"), pids, c, "vllm") for c in ns.levels}
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)
@@ -145,7 +173,9 @@ async def main(ns: argparse.Namespace) -> None:
     print(f"\nfailed requests: {failed}")
     common.write_result(f"peer-{time.strftime('%Y%m%d-%H%M%S')}", {
         "levels": ns.levels, "input_len": ns.input_len, "output_len": ns.output_len, "engine": engine_kwargs(pool),
-        "table": rows, "failed": failed, "parley": parley, "vllm": vllm})
+        "table": rows, "failed": failed,
+        "cpu": {side: {c: r["cpu"] for c, r in res.items()} for side, res in (("parley", parley), ("vllm", vllm))},
+        "parley": parley, "vllm": vllm})
 
 
 def parse() -> argparse.Namespace:
@@ -154,6 +184,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=256, help="random prompt length, tokens")
     parser.add_argument("--output-len", type=int, default=64, help="tokens per reply (ignore_eos: exactly)")
     parser.add_argument("--prompts-per-level", type=int, default=4, help="requests = this x concurrency (min 4)")
+    parser.add_argument("--profile", action="store_true", help="py-spy on gateway, stages, worker at the top level")
     parser.add_argument("--smoke", action="store_true", help="levels 1,2, short prompts and replies")
     ns = parser.parse_args()
     if ns.smoke:

@@ -29,7 +29,7 @@ class Profiler:
         self.cpu: dict[str, float] = {}
 
     def start(self) -> bool:
-        exe = shutil.which("py-spy") or str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "py-spy")
+        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")  # the venv's, off PATH
         if not Path(exe).exists():
             print("   (py-spy not installed: pip install py-spy; profile skipped)")
             return False

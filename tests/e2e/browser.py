@@ -109,3 +109,51 @@ def sse(*frames: tuple[str, dict[str, Any], int | None]) -> str:
     for event, data, id_ in frames:
         out.append((f"id: {id_}\n" if id_ is not None else "") + f"event: {event}\ndata: {json.dumps(data)}\n\n")
     return "".join(out)
+
+
+SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
+AXE = Path(__file__).with_name("vendor") / "axe.min.js"  # axe-core 4.14.1 from npm, MPL-2.0
+
+
+async def new_page(browser: Any, base_url: str, size: str, problems: list[str], **context: Any) -> Any:
+    """A page at a named size in a fresh context; page errors and requests off this machine go to ``problems``."""
+    width, height = SIZES[size]
+    ctx = await browser.new_context(base_url=base_url, viewport={"width": width, "height": height}, **context)
+    ctx.on("request", lambda r: None if is_local(r.url) else problems.append(f"request to {r.url}"))
+    page = await ctx.new_page()
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    return page
+
+
+async def axe_scan(page: Any) -> list[dict[str, Any]]:
+    """axe-core's violations on the page as it is now (evaluated over DevTools: the page's CSP still holds)."""
+    await page.evaluate(AXE.read_text())
+    return list(await page.evaluate(
+        "async () => (await axe.run(document, { resultTypes: ['violations'] })).violations.map((v) => ("
+        "{ id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.map((n) => n.target.join(' ')) }))"))
+
+
+OVERFLOW_JS = """() => {
+  const w = document.documentElement.clientWidth, out = [];
+  const page = document.documentElement.scrollWidth;
+  if (page > w) out.push(`page scrolls sideways: ${page} > ${w}`);
+  for (const e of document.querySelectorAll('#app button, #app input, #app select, #app textarea, #app a, #app h1')) {
+    const r = e.getBoundingClientRect();
+    if (!r.width || getComputedStyle(e).visibility === 'hidden') continue;
+    if (e.closest('[inert], [hidden], .table-wrap, pre')) continue;  // hidden, or scrolls in its own box
+    if (r.left < -1 || r.right > w + 1) out.push(`${e.id || e.className || e.tagName} ${r.left}..${r.right}`);
+  }
+  return out;
+}"""
+
+
+async def overflow(page: Any) -> list[str]:
+    """Visible elements of the page that stick out of the viewport sideways (cut off on a phone)."""
+    return list(await page.evaluate(OVERFLOW_JS))
+
+
+async def open_drawer(page: Any, size: str) -> None:
+    """On a phone the list, New chat, Sign out and the token count are in the drawer: open it."""
+    if size == "phone" and not await page.evaluate("document.querySelector('#app').classList.contains('drawer-open')"):
+        await page.locator("#menu").click()
+        await until(page, "getComputedStyle(document.querySelector('.sidebar')).transform === 'none'", 5)

@@ -5,6 +5,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -46,6 +47,21 @@ async def _make_user(settings: Settings, plan: str) -> Caller:
     finally:
         cluster.shutdown()
     return Caller(user.user_id, token, plan)
+
+
+@pytest.fixture(scope="session")
+async def browser() -> AsyncIterator[Any]:
+    """Debian's headless Chromium under Playwright (no downloaded browser)."""
+    from tests.e2e.browser import ARGS, CHROMIUM
+
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (`infra/parley test` installs it: apt-get install chromium)")
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        b = await pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        yield b
+        await b.close()
 
 
 @pytest.fixture

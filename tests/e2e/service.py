@@ -2,6 +2,7 @@
 started as separate processes by the same commands `parley up` uses, on a topic prefix of their own."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +100,15 @@ class Service:
                     proc.kill(signal.SIGTERM)
                 except subprocess.TimeoutExpired:
                     proc.kill(signal.SIGKILL)  # never leave a worker behind
+        if self.settings.topic_prefix:  # the launch's own topics: a broker full of old ones runs out of heap
+            from topics.admin import delete_prefixed_async
+
+            try:
+                with ThreadPoolExecutor(1) as pool:  # stop() may be called from inside a running event loop
+                    pool.submit(asyncio.run, delete_prefixed_async(self.settings.kafka_bootstrap,
+                                                                   self.settings.topic_prefix)).result(60)
+            except Exception as exc:  # noqa: BLE001 - a broker already gone has nothing left to clean
+                print(f"e2e service: could not delete topics {self.settings.topic_prefix}*: {exc}")
 
 
 def launch(base: Settings, log_dir: Path, reader_timeout_s: float = 3.0, plans_file: Path | None = None,

@@ -14,8 +14,6 @@ import httpx
 import pytest
 
 from tests.e2e.browser import (
-    ARGS,
-    CHROMIUM,
     REPLY,
     conversation_id,
     is_local,
@@ -30,7 +28,7 @@ from tests.e2e.browser import (
     until,
     wait_done,
 )
-from tests.e2e.conftest import Caller
+from tests.e2e.conftest import Caller, browser  # noqa: F401 - re-exported: other page tests import it from here
 from tests.e2e.proxy import DroppingProxy
 from tests.e2e.service import Service
 
@@ -38,20 +36,8 @@ OpenPage = Callable[..., Awaitable[Any]]
 LONG = "Write a long story about a lighthouse keeper and the sea."
 
 
-@pytest.fixture(scope="session")
-async def browser() -> AsyncIterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed (`infra/parley test` installs it: apt-get install chromium)")
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
-        yield b
-        await b.close()
-
-
 @pytest.fixture
-async def open_page(browser: Any, service: Service) -> AsyncIterator[OpenPage]:
+async def open_page(browser: Any, service: Service) -> AsyncIterator[OpenPage]:  # noqa: F811
     """Pages in fresh contexts; afterwards, no page error and no request left this machine."""
     contexts, problems = [], []
 
@@ -199,7 +185,12 @@ async def test_model_output_is_markdown_that_cannot_run_script(open_page: OpenPa
     hostile = ("# Plan\n<img src=x onerror=\"window.pwned=1\">\n<script>window.pwned=2</script>\n\n"
                "Some **bold**, *italic* and `<b>code</b>`; [bad](javascript:window.pwned=3), "
                "[good](https://example.com/a).\n\n- one <svg onload=window.pwned=4>\n- two\n\n"
-               "```js\ndocument.body.innerHTML = '<img src=x onerror=alert(1)>';\n```\n")
+               "```js\ndocument.body.innerHTML = '<img src=x onerror=alert(1)>';\n```\n\n"
+               "| cell | <img src=x onerror=window.pwned=5> |\n|---|---|\n"
+               "| <a href=\"javascript:window.pwned=6\">raw</a> "
+               "| <iframe src=\"/\" onload=\"window.pwned=7\"></iframe> |\n\n"
+               "![pic](javascript:window.pwned=8) <details open ontoggle=window.pwned=9>x</details> "
+               "<style>*{display:none}</style> [data](data:text/html;base64,PHNjcmlwdD4=)\n")
     page = await open_page()
     await _play_gateway(page, "g-md", [sse(("message_start", _start("g-md"), 1), ("delta", {"text": hostile}, 2),
                                            ("message_end", {"stop_reason": "end", "usage": {"in": 1, "out": 9}}, 3))])
@@ -209,14 +200,16 @@ async def test_model_output_is_markdown_that_cannot_run_script(open_page: OpenPa
     await shot(page, "13-markdown-rendered-safely")
     md = page.locator(f"{REPLY} .md").last
     assert await page.evaluate("window.pwned") is None
-    assert await md.locator("img, script, svg, [onerror], [onload]").count() == 0
-    assert await md.locator("a[href^='javascript']").count() == 0
+    assert await md.locator("img, script, svg, iframe, style, details, [onerror], [onload], [ontoggle]").count() == 0
+    assert await md.locator("a[href^='javascript'], a[href^='data']").count() == 0
     assert await md.locator("a").get_attribute("href") == "https://example.com/a"
     assert await md.locator("a").get_attribute("rel") == "noopener noreferrer nofollow"
     assert await md.locator("h1").inner_text() == "Plan" and await md.locator("strong").inner_text() == "bold"
     assert await md.locator("li").count() == 2 and "<svg onload" in await md.locator("li").first.inner_text()
     assert "innerHTML = '<img" in await md.locator("pre code").inner_text()
     assert "<script>window.pwned=2</script>" in await md.inner_text()  # shown as the characters it is
+    assert await md.locator("table td").count() == 2 and "<iframe" in await md.locator("table").inner_text()
+    assert await md.locator("pre code .hljs-string").count() >= 1  # highlighted, still only text in spans
 
 
 async def test_queue_position_then_cut_streams_resume_without_repeats(open_page: OpenPage, alice: Caller) -> None:
@@ -266,12 +259,15 @@ async def test_demo_user_in_local_mode_and_the_session_cookie(open_page: OpenPag
     await page.goto("/")
     await page.locator("#demo-button").click()
     await page.locator("#app").wait_for(state="visible")
-    await page.locator("#banner").wait_for(state="visible")  # its token, shown this once
-    assert "pk_" in await page.locator("#banner-text").inner_text()
+    await page.locator("#token-note").wait_for(state="visible")  # its token, shown until dismissed
+    token = await page.locator("#token-value").inner_text()
+    assert token.startswith("pk_")
     assert await page.locator("#who").inner_text() == "demo · free plan"
     await shot(page, "16-demo-user")
     [cookie] = [c for c in await page.context.cookies() if c["name"] == "parley_session"]
-    assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+    assert not cookie["secure"]  # plain http here; the gateway marks it Secure when the request came over TLS
+    assert cookie["value"] != token and token not in cookie["value"]  # a session id, never the API token
     assert await page.evaluate("document.cookie") == ""  # out of reach of any script
     await page.locator("#sign-out").click()
     await page.locator("#signin").wait_for(state="visible")

@@ -36,12 +36,13 @@ async def test_the_small_pool_answers_as_a_classifier(engine: VllmEngine) -> Non
         times.append(time.perf_counter() - began)
     print(f"pool classifier (small pool, CPU): {', '.join(f'{t * 1000:.0f}' for t in times)} ms")
     assert all(v.source == "model" and v.rules_version == "it-1" for v in verdicts)
-    assert all(v.category in ("unsafe", "unanswered") and v.score in (0.0, 1.0) for v in verdicts)
+    # "yes" and "no" are among the first token's likeliest alternatives: every text gets a share, 0..1.
+    assert all(v.category == "unsafe" and 0.0 <= v.score <= 1.0 for v in verdicts), verdicts
     assert all(v.flagged == (v.score >= 0.9) for v in verdicts)
-    answers = [(v.flagged, v.category, v.score) for v in verdicts]
-    assert answers[0] == answers[2] == answers[4] and answers[1] == answers[3]  # greedy: same text, same answer
-    assert any(v.category == "unsafe" for v in verdicts)  # the model answered yes or no at least once
-
+    scores = [round(v.score, 4) for v in verdicts]
+    assert scores[0] == scores[2] == scores[4] and scores[1] == scores[3]  # greedy and exact: same text, same score
+    # No assertion on the judgement itself: a 135M chat model is no safety model (its yes/no shares sit
+    # near one half either way); this exercises the interface, the engine path and the latency.
 
 async def test_the_rules_decide_before_the_pool_is_asked(engine: VllmEngine) -> None:
     verdict = await PoolClassifier(RulesFile(RULES), engine).score("our solar system", "output")

@@ -95,3 +95,13 @@ def test_a_stopped_or_capped_reply_is_cancelled_or_incomplete() -> None:
                                   worker_id="w"))
     body = response_object(state, {})
     assert body["status"] == "cancelled" and body["output"][0]["content"][0]["text"] == "Hello"
+
+
+def test_a_reply_cut_by_the_output_check_is_incomplete_for_content_filter() -> None:
+    gid = new_id()
+    state = State(gid, "Smol")
+    state.feed(GenerationFinished(generation_id=gid, conversation_id="c", user_id="u", plan="paid", message_id=gid,
+                                  status="blocked", text="This reply was withheld.", usage=Usage(), model="Smol",
+                                  pool="large", worker_id="w"))
+    body = response_object(state, {})
+    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "content_filter"}

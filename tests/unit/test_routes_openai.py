@@ -147,3 +147,18 @@ async def test_n_choices_stream_with_their_index_and_end_once_all_have(cancels: 
             finishes.append(choice["index"])
     assert deltas == {0: "A1", 1: "B1B2"} and sorted(finishes) == [0, 1]
     assert len({c["id"] for c in out[:-1]}) == 1 and cancels == []
+
+
+async def test_a_background_response_is_never_cancelled_by_its_client_leaving(cancels: list[str]) -> None:
+    from producers.gateway import routes_responses
+
+    gid = new_id()
+    job = job_with(TokensAppended(**ids(gid), seq=0, text="Once", token_ids=[1]))
+    job.detached = True
+    stream = routes_responses._live(job, {"background": True})
+    first = [await stream.__anext__() for _ in range(5)]  # created, in_progress, item, part, the delta
+    assert b"response.output_text.delta" in first[-1] and b'"sequence_number":4' in first[-1]
+    await stream.aclose()  # the client went away mid-reply
+    job.close()
+    await asyncio.sleep(0)
+    assert cancels == [] and job.gw.relay.unsubscribed  # type: ignore[attr-defined]

@@ -177,13 +177,25 @@ def test_pool_classifier_answers_parse_to_scores() -> None:
     assert parse_answer("**Yes**") == 1.0 and parse_answer("Maybe") is None and parse_answer("") is None
 
 
+def test_pool_classifier_scores_the_share_of_yes_in_the_first_tokens_probabilities() -> None:
+    import math
+
+    from consumers.safety.pool_classifier import yes_share
+    from schemas.sampling import TopLogprob
+
+    top = [TopLogprob("Yes", math.log(0.3)), TopLogprob(" yes", math.log(0.1)), TopLogprob("No", math.log(0.1)),
+           TopLogprob("The", math.log(0.5))]
+    assert yes_share(top) == pytest.approx(0.8)
+    assert yes_share([TopLogprob("The", 0.0)]) is None
+
+
 async def test_pool_classifier_asks_the_engine_after_the_rules(rules_path: Path) -> None:
     engine = FakeEngine(reply="Yes")
     classifier = PoolClassifier(RulesFile(rules_path), engine)
     verdict = await classifier.score("something rude", "input")
     assert (verdict.flagged, verdict.category, verdict.score, verdict.source) == (True, "unsafe", 1.0, "model")
-    assert len(engine.requests) == 1 and engine.requests[0].max_tokens == 3
-    assert engine.requests[0].sampling.temperature == 0.0
+    assert len(engine.requests) == 1 and engine.requests[0].max_tokens == 1
+    assert engine.requests[0].sampling.temperature == 0.0 and engine.requests[0].sampling.logprobs == 20
     by_rule = await classifier.score("open sesame", "input")
     assert by_rule.source == "rule" and len(engine.requests) == 1  # the rules decided: no model call
     engine.reply = "No"

@@ -141,3 +141,21 @@ def test_the_usage_topic_carries_no_text() -> None:
     assert UsageRecorded not in SEALED_FIELDS
     text_like = {f for f in UsageRecorded.__struct_fields__ if f in ("text", "content", "title", "summary")}
     assert not text_like
+
+
+async def test_the_relay_drops_a_deleted_conversations_tokens_but_still_ends_its_stream(sealer: Sealer) -> None:
+    from producers.gateway.relay import TokenRelay
+
+    await sealer.keys.create("conv-a", "u1")
+    tokens = await sealer.seal(TokensAppended(generation_id="g1", conversation_id="conv-a", user_id="u1", seq=0,
+                                              text=" secret", token_ids=[5]))
+    end = await sealer.seal(GenerationFinished(generation_id="g1", conversation_id="conv-a", user_id="u1",
+                                               plan="free", message_id="g1", status="stopped", text=" secret",
+                                               usage=Usage(), model="m", pool="large", worker_id="w"))
+    relay = TokenRelay("127.0.0.1:1", "t.chat.tokens", sealer)
+    assert (await relay._open(tokens)).text == " secret"  # noqa: SLF001 - the relay's one opening step
+    await sealer.keys.destroy("conv-a")
+    with pytest.raises(KeyGone):
+        await relay._open(tokens)  # noqa: SLF001
+    opened_end = await relay._open(end)  # noqa: SLF001
+    assert opened_end.status == "stopped" and opened_end.text == ""

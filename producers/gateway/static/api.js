@@ -156,3 +156,18 @@ export function follow(generationId, handlers) {
   open();
   return { close: finish, get lastId() { return lastId; } };
 }
+
+// Every message of a conversation (all pages of them), and its title.
+export async function loadConversation(conversationId) {
+  const items = [];
+  let cursor = null;
+  let title = null;
+  do {
+    const query = new URLSearchParams({ limit: "500", ...(cursor ? { cursor } : {}) });
+    const page = await api("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/messages?${query}`);
+    items.push(...page.items);
+    ({ title } = page);
+    cursor = page.next_cursor;
+  } while (cursor);
+  return { title, items };
+}

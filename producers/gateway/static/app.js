@@ -3,12 +3,15 @@
 
 import { api, ApiError, whenSignedOut } from "./api.js";
 import { Chat } from "./chat.js";
+import { Drawer, Theme } from "./chrome.js";
+import { SearchBox } from "./search.js";
 import { Sidebar } from "./sidebar.js";
 
 const $ = (id) => document.getElementById(id);
 
 let chat;
 let sidebar;
+let drawer;
 let usageMissing = false; // GET /v1/usage answered 404: this service has no usage endpoint
 
 async function boot() {
@@ -42,9 +45,7 @@ async function signIn(call) {
     const { user, token } = await call();
     $("token").value = "";
     await showApp(user);
-    if (token) { // a demo user: its token is shown this once
-      showBanner(`Demo user created (free plan). Keep its token to sign in again or call the API: ${token}`, "info");
-    }
+    if (token) showToken(token); // a demo user: its token is shown until dismissed
   } catch (err) {
     error.textContent = err.message;
     error.hidden = false;
@@ -63,6 +64,7 @@ function showSignIn(localMode, message = "") {
 function signedOut(message) {
   if ($("app").hidden) return; // already signing in: that form shows its own error
   chat.closeAll();
+  $("token-note").hidden = true;
   api("GET", "/v1/session").then((s) => showSignIn(s.local_mode, message), () => showSignIn(false, message));
 }
 
@@ -88,7 +90,14 @@ function wireApp() {
       if (text && !$("input").value) $("input").value = text; // not sent: give the words back
       showBanner(describe(err));
     },
+    opened: (pool) => { // the picker follows the model that answered last in the reopened conversation
+      if (pool && [...$("model").options].some((o) => o.value === pool)) $("model").value = pool;
+    },
   });
+  drawer = new Drawer($("app"), $("menu"), $("scrim"));
+  new Theme($("theme"));
+  new SearchBox({ input: $("search"), results: $("search-results"), list: $("conversation-list"),
+                  sentinel: $("list-sentinel") }, () => drawer.close());
   sidebar = new Sidebar({ list: $("conversation-list"), sentinel: $("list-sentinel"), scroller: $("conversations") },
     (title) => setTitle(title), (err) => showBanner(describe(err)));
   $("composer").addEventListener("submit", (e) => {
@@ -102,8 +111,23 @@ function wireApp() {
     }
   });
   $("input").addEventListener("input", grow);
+  const narrow = window.matchMedia("(max-width: 720px)");
+  const hint = () => { // the keys don't fit in one line of a phone's message box
+    $("input").placeholder = narrow.matches ? "Message Parley…"
+      : "Message Parley… (Enter to send, Shift+Enter for a new line)";
+  };
+  narrow.addEventListener("change", hint);
+  hint();
   $("stop").addEventListener("click", () => chat.stop());
   $("banner-close").addEventListener("click", () => { $("banner").hidden = true; });
+  $("token-close").addEventListener("click", () => { $("token-note").hidden = true; $("input").focus(); });
+  $("conversations").addEventListener("click", (e) => { if (e.target.closest("a")) drawer.close(); });
+  $("new-chat").addEventListener("click", () => drawer.close());
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Escape" || e.defaultPrevented) return;
+    if (drawer.isOpen()) drawer.close(true);
+    else if (chat.activeGeneration()) chat.stop(); // Escape stops the reply being written, as in ChatGPT
+  });
   $("sign-out").addEventListener("click", async () => {
     await api("DELETE", "/v1/session").catch(() => null);
     signedOut("");
@@ -121,14 +145,16 @@ async function showApp(user) {
 }
 
 async function openFromAddress() {
-  const match = /^#\/c\/(.+)$/.exec(location.hash);
+  const match = /^#\/c\/([^/]+)(?:\/m\/(.+))?$/.exec(location.hash);
   const id = match ? decodeURIComponent(match[1]) : null;
-  if (id === chat.conversationId && id !== null) return;
+  const messageId = match?.[2] ? decodeURIComponent(match[2]) : null; // a search hit: show that message
+  if (messageId) history.replaceState(null, "", `#/c/${encodeURIComponent(id)}`);
+  else if (id === chat.conversationId && id !== null) return;
   $("banner").hidden = true;
   sidebar.setActive(id);
   setTitle(id ? sidebar.titleOf(id) : null);
   try {
-    await chat.open(id);
+    await chat.open(id, messageId);
   } catch (err) {
     showBanner(err.status === 404 ? "That conversation doesn't exist, or isn't yours." : describe(err));
   }
@@ -195,6 +221,11 @@ function describe(err) {
   const wait = err.retryAfterS;
   const hint = err.status === 503 && wait ? ` Try again in ${Math.ceil(wait)} s.` : "";
   return err.message + hint;
+}
+
+function showToken(token) {
+  $("token-value").textContent = token;
+  $("token-note").hidden = false;
 }
 
 function showBanner(text, kind = "error") {

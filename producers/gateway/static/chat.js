@@ -1,7 +1,8 @@
 // One conversation on screen: its messages and reply versions, sending, regenerating, stopping,
 // and following every reply that is still being written (also ones started before a reload).
 
-import { api, follow, startReply } from "./api.js";
+import { api, follow, loadConversation, startReply } from "./api.js";
+import { branchOf, replyKey, reveal } from "./branch.js";
 import { paintReply, replyView, userView } from "./view.js";
 
 const DONE = { end: "complete", stopped: "stopped", length: "length", error: "failed", blocked: "blocked" };
@@ -9,13 +10,15 @@ let localIds = 0;
 
 export class Chat {
   // ui: {messages, empty, send, stop}
-  // hooks: {model(), created(id), replied(id), title(text), failed(err, text), lost()}
+  // hooks: {model(), created(id), replied(id), title(text), failed(err, text), lost(), opened(pool)}
   constructor(ui, hooks) {
     this.ui = ui;
     this.hooks = hooks;
     this.conversationId = null;
     this.messages = [];
     this.chosen = new Set(); // generation ids picked in a version switcher (or just written)
+    this.chosenUsers = new Set(); // user message ids picked the same way
+    this.editing = null; // the user message whose edit box is open
     this.replies = new Map(); // generation id -> the reply as it streamed into this page
     this.followers = new Map(); // generation id -> {handle, conversationId}, while still being written
     this.views = new Map(); // generation id -> its element on screen
@@ -26,30 +29,34 @@ export class Chat {
     this.frame = 0;
   }
 
-  async open(conversationId) {
+  async open(conversationId, messageId = null) {
     const ticket = ++this.opened;
     this.conversationId = conversationId;
     this.messages = [];
+    this.editing = null;
     this.render();
     if (!conversationId) return;
     const { title, items } = await this.load(conversationId);
     if (ticket !== this.opened) return; // another conversation was opened meanwhile
     this.hooks.title(title);
+    if (messageId) reveal(items, messageId, this.chosen, this.chosenUsers);
     this.adopt(items);
+    this.hooks.opened(this.groups().at(-1)?.reply?.pool || null);
+    if (messageId) this.show(messageId);
   }
 
-  async load(conversationId) {
-    const items = [];
-    let cursor = null;
-    let title = null;
-    do {
-      const query = new URLSearchParams({ limit: "500", ...(cursor ? { cursor } : {}) });
-      const page = await api("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/messages?${query}`);
-      items.push(...page.items);
-      ({ title } = page);
-      cursor = page.next_cursor;
-    } while (cursor);
-    return { title, items };
+  // Scroll a message (found by search) into view and mark it for a moment.
+  show(messageId) {
+    const node = [...this.ui.messages.querySelectorAll("article")].find(
+      (n) => n.dataset.messageId === messageId || n.dataset.generationId === messageId);
+    if (!node) return;
+    node.classList.add("found");
+    node.scrollIntoView({ block: "center" });
+    setTimeout(() => node.classList.remove("found"), 2500);
+  }
+
+  load(conversationId) {
+    return loadConversation(conversationId);
   }
 
   // Show the saved messages; replies streamed in this page keep the text as it arrived, and any
@@ -84,13 +91,32 @@ export class Chat {
   }
 
   send(text) {
-    const user = { role: "user", message_id: `local-${++localIds}`, content: text, status: "complete" };
-    const body = { content: text, model: this.hooks.model() };
+    const last = this.groups().at(-1)?.reply;
+    const after = last && !String(last.generation_id).startsWith("pending-") ? replyKey(last) : null;
+    const user = { role: "user", message_id: `local-${++localIds}`, parent_id: after, content: text,
+                   status: "complete" };
+    const body = { content: text, model: this.hooks.model(), ...(after ? { parent_id: after } : {}) };
     return this.submit((id) => `/v1/conversations/${encodeURIComponent(id)}/messages`, body, user, user.message_id);
   }
 
+  // Edit and resend: a sibling of `group.user` (same parent) with a reply of its own, shown at once.
+  edit(group, text) {
+    const target = group.user;
+    const user = { role: "user", message_id: `local-${++localIds}`, parent_id: target.parent_id ?? null,
+                   turn: target.turn, content: text, status: "complete" };
+    for (const u of group.users) this.chosenUsers.delete(u.message_id);
+    this.editing = null;
+    const path = (id) => `/v1/conversations/${encodeURIComponent(id)}/messages/${encodeURIComponent(target.message_id)}/edit`;
+    return this.submit(path, { content: text, model: this.hooks.model() }, user, user.message_id);
+  }
+
+  setEditing(messageId) {
+    this.editing = messageId;
+    this.render();
+  }
+
   regenerate(group) {
-    const target = group.user?.message_id || group.replies.at(-1).message_id;
+    const target = group.user?.message_id || group.reply.message_id;
     const path = (id) => `/v1/conversations/${encodeURIComponent(id)}/messages/${encodeURIComponent(target)}/regenerate`;
     return this.submit(path, { model: this.hooks.model() }, null, target);
   }
@@ -189,6 +215,7 @@ export class Chat {
     this.followers.clear();
     this.replies.clear();
     this.chosen.clear();
+    this.chosenUsers.clear();
     this.conversationId = null;
     this.messages = [];
   }
@@ -204,34 +231,31 @@ export class Chat {
 
   // -- drawing ---------------------------------------------------------------------------------------------
   groups() {
-    const groups = [];
-    const byUser = new Map();
-    for (const m of this.messages) {
-      if (m.role === "user") {
-        const group = { user: m, replies: [] };
-        byUser.set(m.message_id, group);
-        groups.push(group);
-      } else if (byUser.has(m.parent_id)) {
-        byUser.get(m.parent_id).replies.push(m);
-      } else {
-        groups.push({ user: null, replies: [m] });
-      }
-    }
-    return groups;
+    return branchOf(this.messages, this.chosen, this.chosenUsers);
   }
 
   render() {
+    const focused = document.activeElement?.dataset?.focus;
     this.views.clear();
     const nodes = [];
     const groups = this.groups();
+    const busy = this.busy();
     groups.forEach((group, n) => {
-      if (group.user) nodes.push(userView(group.user));
-      if (!group.replies.length) return;
-      const index = this.shownIndex(group.replies);
-      const reply = group.replies[index];
+      const { user, reply } = group;
+      if (user) {
+        const saved = !String(user.message_id).startsWith("local-");
+        nodes.push(userView(user, { index: group.userIndex, count: group.users.length,
+          go: (step) => this.pickUser(group, group.userIndex + step) }, {
+          edit: saved && !busy ? (text) => this.edit(group, text) : null,
+          editing: this.editing === user.message_id,
+          setEditing: (on) => this.setEditing(on ? user.message_id : null),
+        }, n));
+      }
+      if (!reply) return;
       const last = n === groups.length - 1;
-      const view = replyView(reply, { index, count: group.replies.length, go: (step) => this.flip(group, index + step) },
-        { regenerate: last && !this.busy() && reply.status !== "generating" ? () => this.regenerate(group) : null });
+      const view = replyView(reply, { index: group.replyIndex, count: group.replies.length,
+        go: (step) => this.pickReply(group, group.replyIndex + step) },
+      { regenerate: last ? () => this.regenerate(group) : null, busy: busy || reply.status === "generating" }, n);
       this.views.set(reply.generation_id, view);
       nodes.push(view);
     });
@@ -239,16 +263,29 @@ export class Chat {
     this.ui.empty.hidden = nodes.length > 0;
     this.renderControls();
     this.ui.messages.scrollTop = this.ui.messages.scrollHeight;
+    this.refocus(focused);
   }
 
-  shownIndex(replies) {
-    for (let i = replies.length - 1; i >= 0; i -= 1) if (this.chosen.has(replies[i].generation_id)) return i;
-    return replies.length - 1; // the newest, unless another was picked
+  // The control that had focus before a redraw gets it back (its twin in the new elements);
+  // a switcher arrow that became disabled hands it to the other arrow.
+  refocus(key) {
+    if (!key) return;
+    let target = this.ui.messages.querySelector(`[data-focus="${key}"]`);
+    if (target?.disabled) target = [...target.parentElement.querySelectorAll("button")].find((b) => !b.disabled);
+    const twin = key.startsWith("editing") ? `edit${key.slice(7)}` : key.replace(/^edit(\d+)$/, "editing$1");
+    if (!target && twin !== key) target = this.ui.messages.querySelector(`[data-focus="${twin}"]`); // box <-> button
+    target?.focus({ preventScroll: true });
   }
 
-  flip(group, index) {
-    for (const r of group.replies) this.chosen.delete(r.generation_id);
-    this.chosen.add(group.replies[index].generation_id);
+  pickReply(group, index) {
+    for (const r of group.replies) this.chosen.delete(replyKey(r));
+    this.chosen.add(replyKey(group.replies[index]));
+    this.render();
+  }
+
+  pickUser(group, index) {
+    for (const u of group.users) this.chosenUsers.delete(u.message_id);
+    this.chosenUsers.add(group.users[index].message_id);
     this.render();
   }
 

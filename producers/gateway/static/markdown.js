@@ -1,63 +1,106 @@
-// A small Markdown renderer for model output that cannot run script.
+// Model output as Markdown that cannot run script: marked (GFM: tables, fenced and indented code,
+// strike-through, autolinks), then DOMPurify, then highlight.js on code. All three are vendored
+// from npm under ./vendor/ (no build step, nothing loaded from elsewhere).
 //
-// It never parses HTML: every character of the reply reaches the page as a text node
-// (createTextNode / textContent), and the only elements are the ones built here. So
-// "<img onerror=…>" or "<script>" in a reply shows as those characters, nothing more.
-// Links become <a> only for http: and https: URLs.
-//
-// Supported: fenced code (``` or ~~~, also while still open mid-stream), inline code,
-// **bold**, *italic* / _italic_, ~~strike~~, # headings, - * + and 1. lists,
-// > quotes, --- rules, [text](url) and bare http(s) URLs. A single newline is a line break.
+// Three walls, each enough on its own for the page's promise:
+// 1. marked's HTML tokens are rendered as their own escaped characters, so "<img onerror=…>" or
+//    "<script>" in a reply shows as those characters, like any other text.
+// 2. DOMPurify then keeps only the tags and attributes listed below, and only http(s) and mailto
+//    links; a link to anything else becomes plain text.
+// 3. The page's Content-Security-Policy runs no inline script or handler, whatever got through.
+// Highlighted code is sanitised again (spans with classes only) before it reaches the page.
 
-const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([\w#+.-]*)/;
-const HEADING = /^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$/;
-const RULE = /^ {0,3}([-*_])(\s*\1){2,}\s*$/;
-const BULLET = /^\s{0,3}[-*+]\s+(.*)$/;
-const NUMBERED = /^\s{0,3}(\d{1,9})[.)]\s+(.*)$/;
-const QUOTE = /^ {0,3}>\s?(.*)$/;
+import { Marked } from "./vendor/marked.esm.js";
+import DOMPurify from "./vendor/purify.es.js";
+import hljs from "./vendor/highlight.min.js";
+
+const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+const escape = (text) => String(text).replace(/[&<>"']/g, (c) => ESCAPES[c]);
+
+const marked = new Marked({
+  gfm: true,
+  breaks: true, // a single newline is a line break, as people (and models) write chat
+  renderer: {
+    html({ text, block }) {
+      return block ? `<p>${escape(text)}</p>` : escape(text);
+    },
+    // The page loads no image from elsewhere (img-src 'self'): an image is shown as a link to it.
+    image({ href, text }) {
+      return `<a href="${escape(href)}">${escape(text || href)}</a>`;
+    },
+  },
+});
+
+const ALLOWED_TAGS = ["a", "b", "blockquote", "br", "code", "del", "em", "h1", "h2", "h3", "h4", "h5", "h6", "hr",
+  "i", "li", "ol", "p", "pre", "s", "strong", "table", "tbody", "td", "th", "thead", "tr", "ul", "input"];
+const POLICY = {
+  ALLOWED_TAGS, ALLOWED_ATTR: ["href", "title", "class", "align", "start", "type", "checked", "disabled"],
+  ALLOWED_URI_REGEXP: /^(?:https?:|mailto:)/i, RETURN_DOM_FRAGMENT: true,
+};
+const CODE_POLICY = { ALLOWED_TAGS: ["span"], ALLOWED_ATTR: ["class"], RETURN_DOM_FRAGMENT: true };
 
 export function renderMarkdown(text) {
-  const out = document.createDocumentFragment();
-  const lines = String(text).replace(/\r\n?/g, "\n").split("\n");
-  let i = 0;
-  while (i < lines.length) {
-    const line = lines[i];
-    let m;
-    if (!line.trim()) { i += 1; continue; }
-    if ((m = FENCE.exec(line))) { i = codeBlock(out, lines, i, m[1], m[2]); continue; }
-    if ((m = HEADING.exec(line))) { out.append(el(`h${m[1].length}`, inline(m[2]))); i += 1; continue; }
-    if (RULE.test(line)) { out.append(el("hr")); i += 1; continue; }
-    if (BULLET.test(line)) { i = list(out, lines, i, "ul", BULLET); continue; }
-    if (NUMBERED.test(line)) { i = list(out, lines, i, "ol", NUMBERED); continue; }
-    if (QUOTE.test(line)) { i = quote(out, lines, i); continue; }
-    i = paragraph(out, lines, i);
+  const fragment = DOMPurify.sanitize(marked.parse(String(text)), POLICY);
+  for (const node of [...fragment.childNodes]) { // marked's newlines between blocks: not part of the text
+    if (node.nodeType === Node.TEXT_NODE && !node.textContent.trim()) node.remove();
   }
-  return out;
+  for (const input of fragment.querySelectorAll("input")) { // GFM task lists only
+    if (input.type !== "checkbox") input.remove();
+    else input.disabled = true;
+  }
+  for (const link of fragment.querySelectorAll("a")) finishLink(link);
+  for (const table of fragment.querySelectorAll("table")) wrap(table, "table-wrap");
+  for (const code of fragment.querySelectorAll("pre > code")) codeBlock(code);
+  return fragment;
 }
 
-function codeBlock(out, lines, start, fence, lang) {
-  const body = [];
-  let i = start + 1;
-  const closing = new RegExp(`^ {0,3}${fence[0] === "`" ? "`" : "~"}{${fence.length},}\\s*$`);
-  while (i < lines.length && !closing.test(lines[i])) body.push(lines[i++]);
-  const code = el("code");
-  code.textContent = body.join("\n");
-  if (lang) code.dataset.lang = lang;
-  const head = el("div", [el("span", [lang || "code"]), copyButton(code)]);
+function finishLink(link) {
+  const href = link.getAttribute("href") || "";
+  if (!/^(https?:|mailto:)/i.test(href)) { // DOMPurify dropped it (javascript:, data:, …): plain text
+    link.replaceWith(document.createTextNode(link.textContent));
+    return;
+  }
+  link.rel = "noopener noreferrer nofollow";
+  link.target = "_blank";
+}
+
+function wrap(node, className) {
+  const box = document.createElement("div");
+  box.className = className;
+  node.replaceWith(box);
+  box.append(node);
+  return box;
+}
+
+// Highlight with the fence's language (when highlight.js knows it; guessing is slow and often wrong,
+// so unnamed code stays plain) and add a header with the language and a Copy button.
+function codeBlock(code) {
+  const source = code.textContent;
+  const named = /language-([\w#+.-]+)/.exec(code.className)?.[1];
+  if (named && hljs.getLanguage(named)) {
+    const { value } = hljs.highlight(source, { language: named, ignoreIllegals: true });
+    code.replaceChildren(DOMPurify.sanitize(value, CODE_POLICY));
+  }
+  code.classList.add("hljs");
+  const block = wrap(code.parentElement, "code-block");
+  const head = document.createElement("div");
   head.className = "code-head";
-  const block = el("div", [head, el("pre", [code])]);
-  block.className = "code-block";
-  out.append(block);
-  return i + 1; // past the closing fence (or the end, while the reply is still streaming)
+  const label = document.createElement("span");
+  label.textContent = named || "code";
+  head.append(label, copyButton(() => source, "Copy code"));
+  block.prepend(head);
 }
 
-function copyButton(code) {
-  const button = el("button", ["Copy"]);
+// A button that copies text() to the clipboard and says so for a moment.
+export function copyButton(text, label = "Copy") {
+  const button = document.createElement("button");
   button.type = "button";
   button.className = "copy";
+  button.textContent = "Copy";
+  button.setAttribute("aria-label", label);
   button.addEventListener("click", async () => {
     try {
-      await navigator.clipboard.writeText(code.textContent);
+      await navigator.clipboard.writeText(text());
       button.textContent = "Copied";
     } catch {
       button.textContent = "Copy failed";
@@ -65,114 +108,4 @@ function copyButton(code) {
     setTimeout(() => { button.textContent = "Copy"; }, 1500);
   });
   return button;
-}
-
-function list(out, lines, start, tag, pattern) {
-  const node = el(tag);
-  let i = start;
-  let m;
-  if (tag === "ol") {
-    const first = Number(pattern.exec(lines[i])[1]);
-    if (first !== 1) node.start = first;
-  }
-  while (i < lines.length && (m = pattern.exec(lines[i]))) {
-    const parts = [m[tag === "ol" ? 2 : 1]];
-    i += 1;
-    // An indented line that is not itself an item continues the item above it.
-    while (i < lines.length && /^\s{2,}\S/.test(lines[i]) && !BULLET.test(lines[i]) && !NUMBERED.test(lines[i])) {
-      parts.push(lines[i++].trim());
-    }
-    node.append(el("li", inlineLines(parts)));
-  }
-  out.append(node);
-  return i;
-}
-
-function quote(out, lines, start) {
-  const parts = [];
-  let i = start;
-  let m;
-  while (i < lines.length && (m = QUOTE.exec(lines[i]))) { parts.push(m[1]); i += 1; }
-  const block = el("blockquote");
-  block.append(renderMarkdown(parts.join("\n")));
-  out.append(block);
-  return i;
-}
-
-function paragraph(out, lines, start) {
-  const parts = [];
-  let i = start;
-  while (i < lines.length && lines[i].trim() && !startsBlock(lines[i])) parts.push(lines[i++]);
-  out.append(el("p", inlineLines(parts)));
-  return i;
-}
-
-function startsBlock(line) {
-  return [FENCE, HEADING, RULE, BULLET, NUMBERED, QUOTE].some((re) => re.test(line));
-}
-
-function inlineLines(parts) {
-  const nodes = [];
-  parts.forEach((part, n) => {
-    if (n > 0) nodes.push(el("br"));
-    nodes.push(...inline(part));
-  });
-  return nodes;
-}
-
-// -- inline ----------------------------------------------------------------------------------------------
-// Each rule: a pattern and how to build its node. At every step the earliest match wins;
-// on a tie, the rule listed first (code before links before emphasis).
-const INLINE = [
-  { re: /(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)/, make: (m) => el("code", [m[2]]) },
-  { re: /\[([^\]\n]+)\]\(\s*<?([^)\s>]+)>?\s*\)/, make: (m) => link(m[2], m[1], m[0]) },
-  { re: /\bhttps?:\/\/[^\s<>()[\]]*[^\s<>()[\].,;:!?'"*_~]/, make: (m) => link(m[0], null, m[0]) },
-  { re: /\*\*(?=\S)([\s\S]*?\S)\*\*/, make: (m) => el("strong", inline(m[1])) },
-  { re: /(?<!\w)__(?=\S)([\s\S]*?\S)__(?!\w)/, make: (m) => el("strong", inline(m[1])) },
-  { re: /~~(?=\S)([\s\S]*?\S)~~/, make: (m) => el("del", inline(m[1])) },
-  { re: /\*(?=[^\s*])([^*]*?[^\s*])\*/, make: (m) => el("em", inline(m[1])) },
-  { re: /(?<!\w)_(?=[^\s_])([^_]*?[^\s_])_(?!\w)/, make: (m) => el("em", inline(m[1])) },
-];
-
-export function inline(text) {
-  const nodes = [];
-  let rest = text;
-  while (rest) {
-    let best = null;
-    for (const rule of INLINE) {
-      const m = rule.re.exec(rest);
-      if (m && (best === null || m.index < best.m.index)) best = { m, rule };
-    }
-    if (best === null) { nodes.push(rest); break; }
-    if (best.m.index > 0) nodes.push(rest.slice(0, best.m.index));
-    nodes.push(best.rule.make(best.m));
-    rest = rest.slice(best.m.index + best.m[0].length);
-  }
-  return nodes;
-}
-
-function link(href, label, raw) {
-  const url = safeUrl(href);
-  if (url === null) return raw; // not http(s): shown as the characters it was written with
-  const a = el("a", label === null ? [href] : inline(label));
-  a.href = url;
-  a.target = "_blank";
-  a.rel = "noopener noreferrer nofollow";
-  return a;
-}
-
-export function safeUrl(href) {
-  try {
-    const url = new URL(href);
-    return url.protocol === "http:" || url.protocol === "https:" ? url.href : null;
-  } catch {
-    return null;
-  }
-}
-
-// An element whose children are nodes or strings; strings become text nodes, never markup.
-function el(tag, children = []) {
-  const node = document.createElement(tag);
-  node.append(...children);
-  return node;
 }

@@ -1,7 +1,9 @@
-// Building the elements of a conversation: a user's message and a reply with its version switcher.
-// Model text only ever reaches the page through renderMarkdown (text nodes) or textContent.
+// Building the elements of a conversation: a user's message (with its edit box and versions) and a
+// reply with its version switcher. Model text only ever reaches the page through renderMarkdown
+// (sanitised) or textContent. Every control carries a data-focus key, so the page can put focus
+// back on "the same" control after it redraws.
 
-import { renderMarkdown } from "./markdown.js";
+import { copyButton, renderMarkdown } from "./markdown.js";
 
 const STATUS = {
   generating: "Writing…",
@@ -16,17 +18,55 @@ const LINK = {
   lost: "Still can't reach Parley. Trying again every few seconds…",
 };
 
-export function userView(msg) {
+// versions: {index, count, go(delta)}; actions: {edit(text) | null, editing, setEditing(bool)}; at: group index
+export function userView(msg, versions, actions, at) {
   const node = el("article", "msg user");
+  node.dataset.messageId = msg.message_id || "";
+  if (actions.editing) {
+    node.append(editBox(msg, actions, at));
+    return node;
+  }
   const bubble = el("div", "bubble");
   bubble.textContent = msg.content; // what the person typed, shown as typed (a blocked one: the notice)
   node.classList.toggle("blocked", msg.status === "blocked");
-  node.append(bubble);
+  const meta = el("footer", "user-meta");
+  if (versions.count > 1) meta.append(switcher(versions, "message", `u${at}`));
+  meta.append(focusable(copyButton(() => msg.content, "Copy message"), `ucopy${at}`));
+  if (actions.edit) {
+    const edit = focusable(button("Edit", "edit", () => actions.setEditing(true)), `edit${at}`);
+    edit.setAttribute("aria-label", "Edit message");
+    edit.title = "Change this message and send it again; the old version stays a click away";
+    meta.append(edit);
+  }
+  node.append(bubble, meta);
   return node;
 }
 
-// versions: {index, count, go(delta)}; actions: {regenerate() | null}
-export function replyView(msg, versions, actions) {
+function editBox(msg, actions, at) {
+  const form = el("form", "edit-box");
+  const area = el("textarea");
+  area.value = msg.content;
+  area.rows = Math.min(8, Math.max(2, msg.content.split("\n").length));
+  area.setAttribute("aria-label", "Edit message");
+  area.dataset.focus = `editing${at}`;
+  const save = button("Send", "primary", () => null);
+  save.type = "submit";
+  const cancel = button("Cancel", "cancel", () => actions.setEditing(false));
+  form.append(area, el("div", "edit-actions"));
+  form.lastChild.append(cancel, save);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    if (area.value.trim()) actions.edit(area.value);
+  });
+  area.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); form.requestSubmit(); }
+    if (e.key === "Escape") { e.stopPropagation(); actions.setEditing(false); }
+  });
+  return form;
+}
+
+// versions: {index, count, go(delta)}; actions: {regenerate() | null, busy}
+export function replyView(msg, versions, actions, at) {
   const node = el("article", "msg assistant");
   node.dataset.generationId = msg.generation_id || "";
   const body = el("div", "md");
@@ -35,11 +75,18 @@ export function replyView(msg, versions, actions) {
   const notice = el("p", "notice");
   notice.setAttribute("role", "status");
   const meta = el("footer", "reply-meta");
-  if (versions.count > 1) meta.append(switcher(versions));
+  if (versions.count > 1) meta.append(switcher(versions, "version", `r${at}`));
   meta.append(el("span", "model"), el("span", "status"));
+  const copy = focusable(copyButton(() => msg.content || "", "Copy reply"), `rcopy${at}`);
+  copy.classList.add("copy-reply");
+  meta.append(copy);
   if (actions.regenerate) {
-    const again = button("Regenerate", "regenerate", actions.regenerate);
+    const again = focusable(button("Regenerate", "regenerate", () => {
+      if (again.getAttribute("aria-disabled") !== "true") actions.regenerate();
+    }), `regen${at}`);
     again.title = "Write another reply to the same message (with the model picked above)";
+    // Kept focusable while a reply is written (aria-disabled, not disabled): focus stays where it was.
+    again.setAttribute("aria-disabled", String(Boolean(actions.busy)));
     meta.append(again);
   }
   node.append(body, thinking, notice, meta);
@@ -69,18 +116,23 @@ export function modelLabel(msg) {
   return msg.route_reason === "overflow" ? `${label} (the requested model was busy)` : label;
 }
 
-function switcher({ index, count, go }) {
+function switcher({ index, count, go }, what, key) {
   const box = el("span", "versions");
-  const prev = button("‹", "prev", () => go(-1));
-  const next = button("›", "next", () => go(+1));
-  prev.setAttribute("aria-label", "Previous version");
-  next.setAttribute("aria-label", "Next version");
+  const prev = focusable(button("‹", "prev", () => go(-1)), `${key}prev`);
+  const next = focusable(button("›", "next", () => go(+1)), `${key}next`);
+  prev.setAttribute("aria-label", `Previous ${what}`);
+  next.setAttribute("aria-label", `Next ${what}`);
   prev.disabled = index === 0;
   next.disabled = index === count - 1;
   const label = el("span", "version-label");
   label.textContent = `${index + 1}/${count}`;
   box.append(prev, label, next);
   return box;
+}
+
+function focusable(node, key) {
+  node.dataset.focus = key;
+  return node;
 }
 
 export function button(text, className, onClick) {

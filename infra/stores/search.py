@@ -1,0 +1,133 @@
+"""Search over one user's conversation titles and messages: a per-user inverted index in Cassandra.
+
+Cassandra 5.0's storage-attached indexes match whole column values only (no tokenizing analyzer;
+that is DataStax's), so words are indexed by hand. Each word of a message or title is one row of
+``search_terms``, partitioned by (user, the word's first two letters) and clustered by the word.
+A query word is a prefix range inside one partition: a search reads one small partition per word,
+on the replicas of that user, never the whole ring, and partitions stay small because a user's
+vocabulary is spread over hundreds of them. Rows are keyed, so indexing again changes nothing.
+A retitled conversation leaves its old words behind; hits are checked against the current text.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import unicodedata
+from dataclasses import dataclass
+
+from infra.stores.conversations import Conversations
+from infra.stores.session import AsyncSession
+
+WORD = re.compile(r"\w+", re.UNICODE)
+STOPWORDS = frozenset("a an and are as at be but by do for from has have i if in is it its of on or so that the "
+                      "this to was we were with you your".split())
+MAX_WORDS_INDEXED = 400  # of one message: a long reply is found by its first 400 distinct words
+MAX_QUERY_WORDS = 6
+ROWS_PER_WORD = 2000  # read at most this many hits of one query word
+TITLE = ""  # message_id of a conversation's title row
+
+
+@dataclass(frozen=True)
+class Hit:
+    conversation_id: str
+    title: str | None
+    message_id: str | None  # None: the title matched
+    role: str | None
+    snippet: str
+
+
+def fold(text: str) -> str:
+    """Lower case without accents, so "Café" is found by "cafe"."""
+    return "".join(c for c in unicodedata.normalize("NFKD", text.casefold()) if not unicodedata.combining(c))
+
+
+def words(text: str, limit: int = MAX_WORDS_INDEXED) -> list[str]:
+    """Distinct searchable words, in order of first appearance."""
+    out: dict[str, None] = {}
+    for w in WORD.findall(fold(text)):
+        if len(w) >= 2 and w not in STOPWORDS and len(w) <= 40:
+            out.setdefault(w, None)
+            if len(out) >= limit:
+                break
+    return list(out)
+
+
+def matches(text: str, query_words: list[str]) -> bool:
+    have = WORD.findall(fold(text))
+    return all(any(w.startswith(q) for w in have) for q in query_words)
+
+
+def snippet(text: str, query_words: list[str], width: int = 160) -> str:
+    folded = fold(text)  # NFKD may change lengths: find the place in the folded text, cut the original
+    at = min((i for q in query_words if (i := folded.find(q)) >= 0), default=0)
+    if len(folded) != len(text):
+        at = 0
+    start = max(0, at - width // 3)
+    cut = " ".join(text[start:start + width].split())
+    return ("…" if start else "") + cut + ("…" if start + width < len(text) else "")
+
+
+class SearchIndex:
+    def __init__(self, db: AsyncSession, conversations: Conversations) -> None:
+        self.db, self.conversations = db, conversations
+
+    async def index(self, user_id: str, conversation_id: str, message_id: str, turn: int, text: str) -> None:
+        """Index a message (or, with ``message_id=TITLE``, a title); idempotent."""
+        cql = ("INSERT INTO search_terms (user_id, bucket, term, conversation_id, message_id, turn) "
+               "VALUES (?, ?, ?, ?, ?, ?)")
+        by_bucket: dict[str, list[str]] = {}
+        for w in words(text):
+            by_bucket.setdefault(w[:2], []).append(w)
+        # One unlogged batch per partition: a single-partition batch is one write on each replica.
+        await asyncio.gather(*(self.db.batch(cql, [(user_id, b, w, conversation_id, message_id, turn) for w in ws])
+                               for b, ws in by_bucket.items()))
+
+    async def forget(self, user_id: str, conversation_id: str, texts: list[str]) -> int:
+        """Remove a conversation's rows for the words of ``texts`` (its messages and title, read before its key
+        is destroyed); how many words. A range delete per word: (term, conversation_id) prefixes the key."""
+        terms = sorted({w for text in texts for w in words(text)})
+        await asyncio.gather(*(self.db.execute(
+            "DELETE FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ? AND conversation_id = ?",
+            (user_id, w[:2], w, conversation_id)) for w in terms))
+        return len(terms)
+
+    async def search(self, user_id: str, query: str, limit: int = 20) -> list[Hit]:
+        """Messages and titles holding every word of ``query`` (each as a word prefix), newest first."""
+        wanted = words(query, MAX_QUERY_WORDS)
+        if not wanted:
+            return []
+        found = await asyncio.gather(*(self._lookup(user_id, w) for w in wanted))
+        common = set.intersection(*(set(f) for f in found))
+        turns = found[0]
+        # Titles first, then messages newest first (ids are time-ordered).
+        order = [k for k in common if k[1] == TITLE] + sorted((k for k in common if k[1] != TITLE),
+                                                              key=lambda k: k[1], reverse=True)
+        hits: list[Hit] = []
+        for conversation_id, message_id in order:
+            hit = await self._check(user_id, conversation_id, message_id, turns[(conversation_id, message_id)],
+                                    wanted)
+            if hit is not None:
+                hits.append(hit)
+                if len(hits) >= limit:
+                    break
+        return hits
+
+    async def _lookup(self, user_id: str, word: str) -> dict[tuple[str, str], int]:
+        rows = await self.db.execute(
+            "SELECT conversation_id, message_id, turn FROM search_terms WHERE user_id = ? AND bucket = ? "
+            f"AND term >= ? AND term < ? LIMIT {ROWS_PER_WORD}", (user_id, word[:2], word, word + "\U0010ffff"))
+        return {(r.conversation_id, r.message_id): r.turn for r in rows}
+
+    async def _check(self, user_id: str, conversation_id: str, message_id: str, turn: int,
+                     wanted: list[str]) -> Hit | None:
+        """The hit as it reads now, or None when it no longer matches (retitled, deleted, someone else's)."""
+        conv = await self.conversations.get(conversation_id)
+        if conv is None or conv.user_id != user_id:
+            return None
+        if message_id == TITLE:
+            ok = conv.title is not None and matches(conv.title, wanted)
+            return Hit(conversation_id, conv.title, None, None, conv.title or "") if ok else None
+        message = await self.conversations.get_message(conversation_id, turn, message_id)
+        if message is None or not matches(message.content, wanted):
+            return None
+        return Hit(conversation_id, conv.title, message_id, message.role, snippet(message.content, wanted))

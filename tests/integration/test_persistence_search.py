@@ -1,0 +1,44 @@
+"""Persistence makes an exchange searchable when its reply is saved, and a title when it is written; a
+redelivered event indexes nothing twice (real Cassandra and Redis)."""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from infra.stores.conversations import Conversations, Message
+from infra.stores.records import Records
+from infra.stores.search import SearchIndex
+from schemas import GenerationFinished, Usage, new_id
+from streams.persistence import Persistence
+from topics import Topics
+
+
+async def test_a_saved_reply_and_its_message_and_title_are_found(db: Any, redis_client: Any, topic_prefix: str) -> None:
+    conversations = Conversations(db)
+    search = SearchIndex(db, conversations)
+    persistence = Persistence(conversations, Records(db), redis_client, Topics(topic_prefix), lambda _: [1, 2],
+                              search=search)
+    user = f"u-{new_id()}"
+    conv = await conversations.create(user)
+    asked = Message(conv.conversation_id, 0, new_id(), "user", "How tall is the Eiffel tower?")
+    await conversations.save_message(asked)
+    gen = new_id()
+    done = GenerationFinished(generation_id=gen, conversation_id=conv.conversation_id, user_id=user, plan="free",
+                              message_id=gen, turn=0, parent_id=asked.message_id, status="complete",
+                              text="About 330 metres, antenna included.", model="m", pool="large", worker_id="w",
+                              usage=Usage(prompt_tokens=10, completion_tokens=8))
+    outs = await persistence.handle(done)
+    assert [o[1].purpose for o in outs] == ["title"]
+    await persistence.handle(done)  # redelivered: the same rows again
+
+    hits = await search.search(user, "eiffel")
+    assert [(h.message_id, h.role) for h in hits] == [(asked.message_id, "user")]
+    assert [(h.message_id, h.snippet) for h in await search.search(user, "metres antenna")] == \
+        [(gen, "About 330 metres, antenna included.")]
+    assert await search.search("someone-else", "eiffel") == []
+
+    await persistence.handle(msgspec.structs.replace(done, generation_id=f"{gen}:title", purpose="title",
+                                                 text="Eiffel Tower Height"))
+    [title, *rest] = await search.search(user, "eiffel")
+    assert (title.message_id, title.title) == (None, "Eiffel Tower Height") and [h.role for h in rest] == ["user"]

@@ -1,0 +1,25 @@
+"""Which words a message is found by, and how a hit reads (the Cassandra side is in the integration tests)."""
+from __future__ import annotations
+
+from infra.stores.search import fold, matches, snippet, words
+
+
+def test_words_are_folded_distinct_and_skip_common_and_one_letter_words() -> None:
+    assert words("The Café in Zürich, the CAFÉ! a 2 x42") == ["cafe", "zurich", "x42"]
+    assert words("one two three four", limit=2) == ["one", "two"]
+    assert words("the a of") == []
+
+
+def test_a_query_word_matches_the_start_of_a_word() -> None:
+    text = "Lighthouse keepers of Brittany"
+    assert matches(text, ["light", "britt"]) and matches(text, ["keeper"])
+    assert not matches(text, ["house"])  # inside a word, not its start
+    assert not matches(text, ["light", "normandy"])  # every word must be there
+    assert fold("ÉCOLE") == "ecole"
+
+
+def test_a_snippet_is_cut_around_the_first_match() -> None:
+    text = ("filler " * 40) + "the lighthouse keeper " + ("more " * 40)
+    cut = snippet(text, ["lighthouse"])
+    assert "lighthouse keeper" in cut and cut.startswith("…") and cut.endswith("…") and len(cut) <= 170
+    assert snippet("short text", ["short"]) == "short text"
