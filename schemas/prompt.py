@@ -34,6 +34,7 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     summary_used: bool = False
     route_reason: str = "default"
     temperature: float | None = None
+    deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
     question: str = ""  # the user's message, for the last-resort tier's prepared replies
     sampling: Sampling | str | None = None
     alternates: list[PoolPrompt] = []  # a pool missing here (and not ``pool``) cannot take this request

@@ -26,7 +26,7 @@ from infra.stores.sealing import Sealer
 from infra.stores.search import TITLE, SearchIndex
 from schemas import GenerationFinished, GenerationRequested
 from schemas.scheduler import BACKGROUND_PRIORITY
-from streams.app import topic
+from streams.app import applied, topic
 from topics import GENERATE, Role, Topics
 from topics.catalogue import DEADLETTER, PERSISTENCE, REPLIES
 
@@ -77,6 +77,11 @@ class Persistence:
         return await self._reply(e)
 
     async def _reply(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
+        current = await self.redis.get(keys.generation_epoch(e.generation_id))
+        if current is not None and 0 < e.epoch < int(current):
+            log.warning("generation %s: finish of owner epoch %d ignored (epoch %s owns it)", e.generation_id,
+                        e.epoch, current.decode())
+            return []  # a fenced-off worker's finish: the current owner's is the one to save
         finished_at = datetime.fromtimestamp(e.at, UTC)
         conv = await self.conversations.get(e.conversation_id)
         if conv is None:
@@ -154,5 +159,7 @@ def build_app(app: faust.App, persistence: Persistence, topics: Topics) -> None:
         async for event in stream:
             if not isinstance(event, GenerationFinished):
                 continue
-            for topic_name, out, key in await persistence.handle(event):
+            # Saved (or dead-lettered) before the loop asks for the next record, which is when faust acks this one.
+            for topic_name, out, key in await applied(ROLE.stage, stream, topics, persistence.handle,
+                                                      event) or []:
                 await app.topic(topic_name).send(key=key.encode(), value=out)

@@ -17,9 +17,12 @@ import logging
 import time
 from typing import Any
 
+from aiokafka.errors import KafkaError
+
 from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation, Settled
+from infra.stores.retry import HEALTH, MAX_DELAY_S, STORE_DOWN, dependency_of
 from schemas import GenerationFinished, UsageRecorded
 from streams.settlement import charge_for, publish_usage
 from topics import Role, Topics
@@ -47,8 +50,22 @@ class Reaper(Runner):
         return [self.producer]
 
     async def step(self) -> None:
-        await self.sweep()
+        try:
+            await self.sweep()
+        except (*STORE_DOWN, KafkaError) as exc:
+            # Nothing is lost by skipping a pass (the expiry set and the usage log keep everything): the reaper
+            # stays up, says so, and sweeps again within 5 s, then at its usual pace once a sweep succeeds.
+            dependency = "Kafka" if isinstance(exc, KafkaError) else dependency_of(exc)
+            HEALTH.down(self.name, dependency)
+            log.warning("reaper sweep failed: %s unreachable (%s); next sweep in %.0f s", dependency,
+                        type(exc).__name__, min(self.interval_s, MAX_DELAY_S))
+            await self.idle(min(self.interval_s, MAX_DELAY_S))
+            return
+        HEALTH.up(self.name)
         await self.idle(self.interval_s)
+
+    def reset(self) -> None:
+        self.producer = make_producer(self.settings.kafka_bootstrap)
 
     async def sweep(self, now: float | None = None) -> list[Settled]:
         """One pass; the generations this pass settled or published."""

@@ -26,7 +26,7 @@ from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Settled
 from schemas import GenerationFinished, UsageRecorded
-from streams.app import make_app, topic
+from streams.app import applied, make_app, topic
 from topics import Role, Topics
 from topics.catalogue import DEADLETTER, REPLIES, SETTLEMENT, USAGE
 
@@ -93,7 +93,7 @@ class Settlement:
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 log.warning("settlement waiting for Redis (%s); retry in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, 5.0)
 
 
 def faust_sender(usage: faust.TopicT) -> Send:
@@ -116,6 +116,6 @@ def build_app(settings: Settings, quota: Quota) -> faust.App:
     async def settle(stream: faust.StreamT) -> None:
         async for finished in stream:
             if isinstance(finished, GenerationFinished):
-                await settlement.handle(finished)
+                await applied(ROLE.stage, stream, topics, settlement.handle, finished)
 
     return app

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from consumers.deadlines import past_deadline
 from consumers.prompt import summary as summaries
 from consumers.prompt.branch import branch_turns, newest_reply
 from consumers.prompt.fit import TooLong, Turn, Window, fit, fit_history, fit_window
@@ -59,6 +60,13 @@ class PromptBuilder:
     async def handle(self, req: RequestAdmitted | InputBlocked) -> list[Out]:
         if isinstance(req, InputBlocked):
             await self._save_blocked(req)
+            return []
+        if past_deadline(req.deadline):
+            # Nothing written yet; the reservation is released at once, charging nothing.
+            if self.quota is not None:
+                await self.quota.settle(req.generation_id, 0, 0, status="failed")
+            log.info("generation %s dropped before its prompt: past its deadline by %.1f s; reservation "
+                     "released, 0 tokens charged", req.generation_id, time.time() - req.deadline)
             return []
         began = time.perf_counter()
         # Independent reads together: the stage's latency is its round trips to Cassandra.
@@ -102,7 +110,8 @@ class PromptBuilder:
             max_tokens=window.max_tokens, reserved_tokens=req.reserved_tokens,
             turns_kept=window.fitted.turns_kept, summary_used=window.fitted.summary_used,
             route_reason=req.route_reason, temperature=req.temperature, question=user_message.content[:500],
-            sampling=req.sampling, alternates=built.alternates), req.conversation_id)]
+            sampling=req.sampling, alternates=built.alternates,
+            deadline=req.deadline), req.conversation_id)]
         dropped = window.fitted.dropped_upto_turn
         if req.history is None and summaries.wanted(dropped, summary) and await self._summary_slot(req, dropped):
             request = self._summary_request(req, built.turns, dropped, summary)  # type: ignore[arg-type]

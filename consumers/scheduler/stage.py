@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import Counter as PromCounter
 
+from consumers.deadlines import past_deadline
 from consumers.scheduler.canned import CANNED_MODEL, CANNED_POOL, CannedReplies
 from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
 from consumers.stage import Out, Stage
@@ -61,6 +62,8 @@ class Scheduler:
         self.placed: dict[str, tuple[str, int]] = {}
 
     async def handle(self, p: PromptBuilt) -> list[Out]:
+        if past_deadline(p.deadline):
+            return self._expired(p)
         plan = self.plans[p.plan]
         if p.pool not in self.queues.pools:
             return await self._refuse(p, 422, f"Unknown model pool {p.pool!r}. Choose one of: "
@@ -123,6 +126,19 @@ class Scheduler:
             await self.replies.put(done)  # readable before its end is published, like a worker's reply
         return [Out(self.topics.tokens, queued, p.generation_id), Out(self.topics.tokens, done, p.generation_id),
                 Out(self.topics.replies, done, p.conversation_id)]
+
+    def _expired(self, p: PromptBuilt) -> list[Out]:
+        """Past its deadline (the client was answered 503): never queued. The saved placeholder ends as
+        ``failed`` and settlement releases the reservation, charging 0 tokens."""
+        log.info("generation %s dropped before queueing: past its deadline by %.1f s; 0 tokens charged",
+                 p.generation_id, time.time() - p.deadline)
+        done = GenerationFinished(
+            generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id, plan=p.plan,
+            message_id=p.assistant_message_id, turn=p.turn, parent_id=p.user_message_id, status="failed",
+            text="", usage=Usage(prompt_tokens=0, completion_tokens=0), model=self.models.get(p.pool, ""),
+            pool=p.pool, worker_id="scheduler", reason="The service did not start this reply in time; "
+            "nothing was charged. Send it again.", reserved_tokens=p.reserved_tokens, route_reason=p.route_reason)
+        return [Out(self.topics.tokens, done, p.generation_id), Out(self.topics.replies, done, p.conversation_id)]
 
     def _partition(self, topic: str, conversation_id: str) -> int:
         n = GENERATE.partitions

@@ -24,6 +24,7 @@ from infra.stores.records import Records
 from infra.stores.sealing import Sealer, configured
 from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession, connect
+from producers.gateway.cursors import Cursors, cursor_key
 from producers.gateway.relay import TokenRelay
 from topics import Role, Topics
 from topics.catalogue import CONTROL, DELETIONS, GATEWAY, REQUESTS, TOKENS
@@ -48,6 +49,7 @@ class Gateway:
     conversations: Conversations = field(init=False)
     records: Records = field(init=False)
     finished: FinishedReplies = field(init=False)
+    cursors: Cursors = field(init=False)
     sessions: PageSessions = field(init=False)
     search: SearchIndex = field(init=False)
     sealer: Sealer = field(init=False)
@@ -57,6 +59,7 @@ class Gateway:
     _auth_cache: dict[str, tuple[float, User]] = field(default_factory=dict)
 
     async def start(self) -> None:
+        self.cursors = Cursors(cursor_key(self.settings))
         self.plans = self.plans or load_plans(self.settings.plans_file)
         self.topics = Topics(self.settings.topic_prefix)
         self.producer = make_producer(self.settings.kafka_bootstrap)
@@ -121,6 +124,8 @@ class Gateway:
             pipe.expire(keys.conversation_generations(conversation_id), OWNER_TTL_S)
             await pipe.execute()
 
+    async def worker_alive(self, worker_id: str) -> bool:
+        return bool(await self.redis.exists(keys.worker_alive(worker_id)))
     def keeps_nothing(self, user: User) -> bool:
         plan = self.plans.get(user.plan)
         return plan is not None and plan.no_retention
