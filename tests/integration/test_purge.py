@@ -22,7 +22,7 @@ from infra.stores.crypto import DataKeys, LocalTenantKeys
 from infra.stores.purging import mark_deleted
 from infra.stores.records import Records, Summary
 from infra.stores.sealing import Sealer
-from infra.stores.search import SearchIndex
+from infra.stores.search import SearchIndex, blind
 from schemas import ConversationDeleted, ConversationPurged, decode, new_id
 from topics import Topics
 from topics.clients import make_consumer, make_producer, send
@@ -108,14 +108,14 @@ async def test_delete_hides_at_once_and_the_purge_leaves_nothing(settings: Setti
 
     conversations = Conversations(db, sealer)
     assert await db.execute("SELECT * FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ?",
-                            (user, "ze", "zebra"))  # indexed while it lived
+                            (user, *blind(user, "zebra")))  # indexed (blind) while it lived
     cancelled = await mark_deleted(conversations, sealer.keys, redis_client, cid, user)
     assert set(cancelled) == set(gens)
     assert await conversations.get(cid) is None  # hidden at once
     assert cid not in {c.conversation_id for c in (await conversations.list_for_user(user))[0]}
     assert not await redis_client.exists(keys.generation_owner(gens[0]))  # cancel/resume: 404 at once
     assert not await db.execute("SELECT * FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ?",
-                                (user, "ze", "zebra"))  # out of search at once
+                                (user, *blind(user, "zebra")))  # out of search at once
     assert all(m.content == "" for m in await conversations.all_messages(cid))  # key gone: no text reads
 
     stage = purge_stage.build_stage(settings.with_(purge_delay_s=0.0), db, redis_client, sealer.keys)
