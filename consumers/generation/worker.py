@@ -28,7 +28,16 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
-from consumers.generation.decisions import Finish, Generate, Limits, decide, finished_event, status_for
+from consumers.generation.decisions import (
+    STALE_REQUEST_S,
+    Finish,
+    Generate,
+    Limits,
+    decide,
+    finished_event,
+    is_stale,
+    status_for,
+)
 from consumers.generation.fencing import Fence
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
@@ -243,6 +252,12 @@ class GenerationWorker:
             self.fence.release(req.generation_id)
 
     async def _generate_owned(self, req: GenerationRequested, picked_at: float) -> None:
+        if is_stale(req, picked_at):
+            # Older than the token buffer: whatever happened to it can no longer be resumed or shown, and a
+            # reply saved for it must not be overwritten (a new consumer group starts from the lane's start).
+            log.warning("generation %s skipped: requested %.0f s ago, past the token buffer's %d s",
+                        req.generation_id, picked_at - req.at, STALE_REQUEST_S)
+            return
         saved = await self._saved(req)
         decision = decide(req, self.limits, req.generation_id in self.cancelled, saved)
         if isinstance(decision, Finish):
