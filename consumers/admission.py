@@ -13,6 +13,7 @@ already settled is not admitted again (it would generate twice).
 from __future__ import annotations
 
 import logging
+import time
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from consumers.deadlines import past_deadline
 from consumers.safety.classifier import Classifier, Verdict
 from consumers.safety.metrics import SafetyMetrics
 from consumers.stage import Out, Stage
@@ -108,7 +110,7 @@ def decide(event: MessageSubmitted, outcome: Reservation | Refusal, rules: Admis
         plan=event.plan, message_id=event.message_id, client_message_id=event.client_message_id,
         content=event.content, pool=pool, parent_id=event.parent_id, regenerate=event.regenerate,
         edit_of=event.edit_of, reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
-        temperature=event.temperature, history=event.history, sampling=event.sampling)
+        temperature=event.temperature, history=event.history, sampling=event.sampling, deadline=event.deadline)
     return [Out(topics.admitted, admitted, event.conversation_id)]
 
 
@@ -135,6 +137,10 @@ class Admission:
         self.classifier, self.metrics = classifier, metrics or SafetyMetrics.of()
 
     async def handle(self, event: MessageSubmitted) -> list[Out]:
+        if past_deadline(event.deadline):
+            log.info("generation %s dropped: past its deadline by %.1f s (its client was answered 503); "
+                     "nothing reserved, nothing charged", event.generation_id, time.time() - event.deadline)
+            return []
         refused = precheck(event, self.rules)
         if refused is not None:
             log.info("generation %s refused: %s (%d)", event.generation_id, refused.reason, refused.status,

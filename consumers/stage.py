@@ -20,10 +20,11 @@ from aiokafka import TopicPartition
 
 from infra.config.settings import Settings
 from infra.stores.crypto import KeyGone
+from infra.stores.retry import until_stored
 from infra.stores.sealing import Sealer
 from schemas import Event
 from topics import Role, Topics
-from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer
+from topics.clients import deadletter, decode_or_deadletter, enqueue, make_consumer, make_producer
 from topics.metrics import STAGE_HANDLE_SECONDS, STAGE_RECORDS
 from topics.runner import Runner
 
@@ -52,12 +53,17 @@ class Stage(Runner):
         self.per_key, self.sealer = per_key, sealer
         self.topics = Topics(settings.topic_prefix)
         self.group = self.topics.group(role.stage)
-        self.producer = make_producer(settings.kafka_bootstrap)
-        self.consumer = make_consumer(settings.kafka_bootstrap, getattr(self.topics, role.reads[0].attr),
-                                      group_id=self.group, **consumer_options)
+        self._source, self._consumer_options = getattr(self.topics, role.reads[0].attr), consumer_options
+        self.reset()
         self._handled = STAGE_RECORDS.labels(stage=self.name, outcome="handled")
         self._deadlettered = STAGE_RECORDS.labels(stage=self.name, outcome="deadlettered")
         self._seconds = STAGE_HANDLE_SECONDS.labels(stage=self.name)
+
+    def reset(self) -> None:
+        """Fresh Kafka clients (a stopped aiokafka client cannot start again), for a restart after a failure."""
+        self.producer = make_producer(self.settings.kafka_bootstrap)
+        self.consumer = make_consumer(self.settings.kafka_bootstrap, self._source, group_id=self.group,
+                                      **self._consumer_options)
 
     def clients(self) -> list[Any]:
         return [self.producer, self.consumer]
@@ -89,11 +95,17 @@ class Stage(Runner):
                 self._deadlettered.inc()
             else:
                 began = time.time()
-                try:
-                    outs = await self._sealed(await self.handler(await self._open(event)))
+                try:  # a store outage is waited out right here: this record and its offset keep their place
+                    outs = await until_stored(self.name, self._apply, event)
                 except KeyGone as gone:
                     log.info("stage %s offset %d skipped: conversation %s deleted", self.name, record.offset,
                              gone.conversation_id)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a poison record: dead-lettered with its error, not fatal
+                    log.exception("stage %s offset %d: handler failed; dead-lettering the record", self.name,
+                                  record.offset)
+                    await deadletter(record, self.producer, self.topics, self.group, f"{type(exc).__name__}: {exc}")
+                    self._deadlettered.inc()
                     continue
                 # Outputs go out together and in order; the next record is handled while they are in flight.
                 for out in outs:
@@ -104,6 +116,9 @@ class Stage(Runner):
                     log.debug("stage %s offset %d: fetched %.1f ms after produce, handled in %.1f ms", self.name,
                               record.offset, (began - record.timestamp / 1000) * 1000, (time.time() - began) * 1000)
         return acks
+
+    async def _apply(self, event: Event) -> list[Out]:
+        return await self._sealed(await self.handler(await self._open(event)))
 
     async def _open(self, event: Event) -> Event:
         return await self.sealer.open(event) if self.sealer else event

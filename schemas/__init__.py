@@ -7,7 +7,7 @@ from schemas.deletion import ConversationDeleted, ConversationPurged
 from schemas.errors import EventDecodeError, MalformedEvent, UnsupportedVersion
 from schemas.gateway import CancelRequested, MessageSubmitted
 from schemas.generation import GenerationFinished, GenerationStarted, TokensAppended, Usage
-from schemas.prompt import PromptBuilt
+from schemas.prompt import PoolPrompt, PromptBuilt
 from schemas.safety import Block, GenerationRetracted, InputBlocked
 from schemas.scheduler import GenerationQueued, GenerationRequested
 from schemas.settlement import UsageRecorded
@@ -15,7 +15,8 @@ from schemas.settlement import UsageRecorded
 __all__ = [
     "ALL_EVENTS", "Block", "CancelRequested", "ConversationDeleted", "ConversationPurged", "Event",
     "EventDeadLettered", "EventDecodeError", "GenerationFinished", "GenerationQueued", "GenerationRequested",
-    "GenerationRetracted", "GenerationStarted", "InputBlocked", "MalformedEvent", "MessageSubmitted", "PromptBuilt",
+    "GenerationRetracted", "GenerationStarted", "InputBlocked", "MalformedEvent", "MessageSubmitted", "PoolPrompt",
+    "PromptBuilt",
     "RequestAdmitted", "RequestRefused", "TokensAppended", "UnsupportedVersion", "Usage", "UsageRecorded", "decode",
     "encode", "id_time_ms", "new_id",
 ]

@@ -26,6 +26,7 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     reserved_tokens: int
     route_reason: str = "default"  # why this pool: default, requested, classifier
     temperature: float | None = None
+    deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
     history: list[ChatTurn] | str | None = None  # str: sealed
     sampling: Sampling | str | None = None
 

@@ -38,6 +38,7 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     temperature: float | None = None
     history: list[ChatTurn] | str | None = None  # set: the prompt is this history (str: sealed)
     gateway_id: str = ""
+    deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
     sampling: Sampling | str | None = None  # the client's sampling parameters; None: Parley's defaults
 
 

@@ -28,6 +28,7 @@ class GenerationStarted(Event, frozen=True, kw_only=True):
     prompt_tokens: int
     cached_prompt_tokens: int = 0
     resumed: bool = False
+    epoch: int = 0  # the owner's fencing epoch: readers ignore events of an epoch older than one they saw
 
 
 class TokensAppended(Event, frozen=True, kw_only=True):
@@ -40,6 +41,7 @@ class TokensAppended(Event, frozen=True, kw_only=True):
     text: str  # sealed
     token_ids: list[int] | str  # str: sealed
     logprobs: list[TokenLogprob] | str | None = None  # one per token id, only when the client asked; str: sealed
+    epoch: int = 0  # the owner's fencing epoch (see GenerationStarted)
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,4 +73,5 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     route_reason: str = "default"
     started_at: float = 0.0
     first_token_at: float = 0.0
+    epoch: int = 0  # the owner's fencing epoch (see GenerationStarted)
     block: Block | None = None  # status blocked: why (the text is the notice)

@@ -1,13 +1,23 @@
 """The prompt build stage's output: token ids ready for an engine."""
 from __future__ import annotations
 
+import msgspec
+
 from schemas.base import Event
 from schemas.gateway import PlanName
 from schemas.sampling import Sampling
 
 
+class PoolPrompt(msgspec.Struct, frozen=True, kw_only=True):
+    """The same request fitted for another pool it may be sent to (the scheduler's overflow)."""
+
+    pool: str
+    max_tokens: int
+    prompt_token_ids: list[int] | None = None  # None: the main prompt's ids are valid there as they are
+
+
 class PromptBuilt(Event, frozen=True, kw_only=True):
-    """User message saved, history fitted to the budget; topic ``chat.prompts``."""
+    """User message saved, history fitted to the pool's window; topic ``chat.prompts``."""
 
     generation_id: str
     conversation_id: str
@@ -24,5 +34,7 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     summary_used: bool = False
     route_reason: str = "default"
     temperature: float | None = None
+    deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
     question: str = ""  # the user's message, for the last-resort tier's prepared replies
     sampling: Sampling | str | None = None
+    alternates: list[PoolPrompt] = []  # a pool missing here (and not ``pool``) cannot take this request

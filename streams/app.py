@@ -5,19 +5,23 @@ so stages scale and fail independently even when one process hosts them all.
 """
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import faust
 
 from infra.config.settings import Settings
+from infra.stores.retry import until_stored
 from schemas import encode
 from streams.codec import CODEC_NAME, register
 from topics import Topic, Topics
 from topics.clients import deadletter_event, log_deadlettered
 from topics.metrics import STAGE_HANDLE_SECONDS, STAGE_RECORDS
 from topics.runner import Runner
+
+log = logging.getLogger(__name__)
 
 
 def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
@@ -100,6 +104,24 @@ class DeadLetteringTopic(faust.Topic):
         await self.app.producer.send_and_wait(self.deadletter_topic, message.topic.encode(), encode(event),
                                               None, None, None)
         log_deadlettered(event)
+
+
+async def applied(stage: str, stream: Any, topics: Topics, call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """``call(*args)`` for the agent's current record, before faust may acknowledge it: a store outage is
+    waited out in place (``until_stored``); any other failure dead-letters the record with its error, so
+    the agent neither dies (faust would stop the app) nor drops the record silently. None after that."""
+    try:
+        return await until_stored(stage, call, *args)
+    except Exception as exc:  # noqa: BLE001 - a poison record
+        message = stream.current_event.message if stream.current_event is not None else None
+        log.exception("stage %s failed on a record; dead-lettering it", stage)
+        if message is not None:
+            app = stream.app
+            event = deadletter_event(message, app.conf.id, f"{type(exc).__name__}: {exc}")
+            await app.producer.send_and_wait(topics.deadletter, message.topic.encode(),
+                                             encode(event), None, None, None)
+            log_deadlettered(event)
+        return None
 
 
 class FaustStage(Runner):

@@ -2,8 +2,10 @@
 
 Reads the ``usage`` topic again, recomputes per (user, day) totals (each
 generation once), and compares them with Cassandra's ``usage_by_day`` (written by
-the usage rollup) and Redis's day counters (charged by settlement). Prints every
-mismatch and exits 1 if there is any.
+the usage rollup) and Redis's day counters (charged by settlement), and checks every
+charge against the replies log (``chat.replies``): a charge with no finished reply
+behind it, or one that differs from what that reply used, is a mismatch too. Prints
+every mismatch and exits 1 if there is any.
 
 Days are compared whole: the replay starts at 00:00 UTC of ``--since``'s day and
 reads to the end of the topic, because a day's record can be published after the
@@ -22,12 +24,13 @@ from typing import Any
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.records import Records
-from schemas import UsageRecorded
+from schemas import GenerationFinished, UsageRecorded
+from streams.settlement import charge_for
 from topics import Role, Topics
-from topics.catalogue import BILLING, USAGE
+from topics.catalogue import BILLING, REPLIES, USAGE
 from topics.replay import replay as replay_topic
 
-ROLE = Role(BILLING, reads=(USAGE,), writes=())  # replays usage without a group
+ROLE = Role(BILLING, reads=(USAGE, REPLIES), writes=())  # replays usage and replies without a group
 REDIS_DAYS = 8  # the quota's day-counter lifetime (Quota.day_ttl_s)
 
 
@@ -55,10 +58,11 @@ class DayTotals:
 class Mismatch:
     user_id: str
     day: str
-    store: str  # "cassandra" or "redis"
+    store: str  # "cassandra", "redis", or "replies" (a charge the replies log does not account for)
     field: str
-    expected: int | None  # recomputed from the topic
-    found: int | None  # None: no row/counter at all
+    expected: int | None  # recomputed from the topic (for "replies": what the reply used, 0 with no reply)
+    found: int | None  # None: no row/counter at all (for "replies": the charge recorded)
+    generation_id: str = ""
 
 
 def parse_when(text: str) -> datetime:
@@ -66,15 +70,46 @@ def parse_when(text: str) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-async def recompute(settings: Settings, since: datetime, until: datetime) -> dict[tuple[str, str], DayTotals]:
+async def recompute(settings: Settings, since: datetime, until: datetime,
+                    charges: dict[str, UsageRecorded] | None = None) -> dict[tuple[str, str], DayTotals]:
+    """Per (user, day) totals; ``charges`` (if given) collects each generation's record."""
     first, last = since.astimezone(UTC).date(), until.astimezone(UTC).date()
-    start = datetime.combine(first, datetime.min.time(), UTC).timestamp()
     totals: dict[tuple[str, str], DayTotals] = {}
-    async for record in replay_topic(settings.kafka_bootstrap, Topics(settings.topic_prefix).usage, start,
-                                     (UsageRecorded,)):
+    async for record in replay_topic(settings.kafka_bootstrap, Topics(settings.topic_prefix).usage,
+                                     _day_start(first), (UsageRecorded,)):
         if isinstance(record, UsageRecorded) and first <= date.fromisoformat(record.day) <= last:
             totals.setdefault((record.user_id, record.day), DayTotals()).add(record)
+            if charges is not None:
+                charges[record.generation_id] = record
     return totals
+
+
+def _day_start(day: date) -> float:
+    return datetime.combine(day, datetime.min.time(), UTC).timestamp()
+
+
+async def finished_replies(settings: Settings, since: datetime) -> dict[str, GenerationFinished]:
+    """Every reply's GenerationFinished on the replies log from ``since``'s day on (titles and summaries
+    are the service's own calls and never charged)."""
+    found: dict[str, GenerationFinished] = {}
+    async for event in replay_topic(settings.kafka_bootstrap, Topics(settings.topic_prefix).replies,
+                                    _day_start(since.astimezone(UTC).date()) - 3600, (GenerationFinished,)):
+        if isinstance(event, GenerationFinished) and event.purpose == "reply":
+            found[event.generation_id] = event
+    return found
+
+
+def unmatched_charges(charges: dict[str, UsageRecorded],
+                      replies: dict[str, GenerationFinished]) -> list[Mismatch]:
+    """Pure: every charge the replies log does not account for (no reply at all, or another amount)."""
+    out = []
+    for gid, record in sorted(charges.items()):
+        reply = replies.get(gid)
+        expected = sum(charge_for(reply)) if reply is not None else 0
+        if record.charged_tokens != expected:
+            out.append(Mismatch(record.user_id, record.day, "replies", "charged" if reply else "charged, no reply",
+                                expected, record.charged_tokens, gid))
+    return out
 
 
 def compare_row(user_id: str, day: str, want: DayTotals, row: Any | None, used: int | None,
@@ -94,8 +129,9 @@ async def replay(settings: Settings, since: datetime, until: datetime, *, redis:
                  records: Records, today: date | None = None) -> tuple[list[Mismatch], int]:
     """(mismatches, number of (user, day) pairs checked)."""
     today = today or datetime.now(UTC).date()
-    totals = await recompute(settings, since, until)
-    mismatches: list[Mismatch] = []
+    charges: dict[str, UsageRecorded] = {}
+    totals = await recompute(settings, since, until, charges)
+    mismatches: list[Mismatch] = unmatched_charges(charges, await finished_replies(settings, since))
     for (user_id, day), want in sorted(totals.items()):
         row = await records.usage_day(user_id, day)
         used = await redis.hget(keys.quota_day(user_id, day), "used")
@@ -114,10 +150,10 @@ def print_report(mismatches: list[Mismatch], checked: int) -> None:
         console.print(f"[green]billing replay: {checked} user-days checked, no mismatches[/green]")
         return
     table = Table(title=f"billing replay: {len(mismatches)} mismatches in {checked} user-days")
-    for column in ("user", "day", "store", "field", "usage topic", "store value"):
+    for column in ("user", "day", "store", "field", "generation", "expected", "found"):
         table.add_column(column)
     for m in mismatches:
-        table.add_row(m.user_id, m.day, m.store, m.field, str(m.expected),
+        table.add_row(m.user_id, m.day, m.store, m.field, m.generation_id or "-", str(m.expected),
                       "missing" if m.found is None else str(m.found))
     console.print(table)
 

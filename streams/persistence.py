@@ -26,7 +26,7 @@ from infra.stores.sealing import Sealer
 from infra.stores.search import TITLE, SearchIndex
 from schemas import GenerationFinished, GenerationRequested
 from schemas.scheduler import BACKGROUND_PRIORITY
-from streams.app import topic
+from streams.app import applied, topic
 from topics import GENERATE, Role, Topics
 from topics.catalogue import DEADLETTER, PERSISTENCE, REPLIES
 
@@ -68,13 +68,20 @@ class Persistence:
             await self._title(e)
             return []
         if e.purpose == "summary":
-            if e.status == "complete" and e.text.strip():
+            # A summary cut at its token cap is still a summary: most of them are, on a small model.
+            if e.status in ("complete", "length") and e.text.strip():
                 await self.records.save_summary(Summary(e.conversation_id, e.turn, e.text.strip(),
                                                         e.usage.completion_tokens))
+            await self.redis.delete(keys.summary_requested(e.conversation_id))  # the next one may be asked
             return []
         return await self._reply(e)
 
     async def _reply(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
+        current = await self.redis.get(keys.generation_epoch(e.generation_id))
+        if current is not None and 0 < e.epoch < int(current):
+            log.warning("generation %s: finish of owner epoch %d ignored (epoch %s owns it)", e.generation_id,
+                        e.epoch, current.decode())
+            return []  # a fenced-off worker's finish: the current owner's is the one to save
         finished_at = datetime.fromtimestamp(e.at, UTC)
         conv = await self.conversations.get(e.conversation_id)
         if conv is None:
@@ -89,11 +96,12 @@ class Persistence:
             block_category=e.block.category if e.block else None,
             rules_version=e.block.rules_version if e.block else None))
         await self._save_generation(e)
-        await self.conversations.touch(conv, finished_at)
+        if e.text.strip():  # no reply text: the conversation does not move up, nor enter the list
+            await self.conversations.touch(conv, finished_at)
         await self._index(e)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
                  e.usage.prompt_tokens, e.usage.completion_tokens)
-        if conv.title is None and e.status == "complete" and e.text.strip():
+        if conv.title is None and e.text.strip():  # complete, stopped or cut at the length limit alike
             return await self._ask_for_title(e)
         return []
 
@@ -151,5 +159,7 @@ def build_app(app: faust.App, persistence: Persistence, topics: Topics) -> None:
         async for event in stream:
             if not isinstance(event, GenerationFinished):
                 continue
-            for topic_name, out, key in await persistence.handle(event):
+            # Saved (or dead-lettered) before the loop asks for the next record, which is when faust acks this one.
+            for topic_name, out, key in await applied(ROLE.stage, stream, topics, persistence.handle,
+                                                      event) or []:
                 await app.topic(topic_name).send(key=key.encode(), value=out)

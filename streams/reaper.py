@@ -3,8 +3,8 @@
 Every ``interval_s`` it takes the reservations past their expiry (5 minutes by
 default), replays ``chat.replies`` (the usage log) from the oldest one's start and
 settles each with the real numbers if its ``GenerationFinished`` is there. If it
-is not, the reply never finished (a gateway or worker died): it releases the
-reservation, charging the prompt estimate and no reply tokens, status ``failed``.
+is not, the log shows nothing produced (a gateway or worker died before any reply
+ended): it releases the whole reservation and charges 0, never an estimate.
 Then it publishes any settled-but-unpublished usage left by a crashed settlement.
 
 ``Quota.settle`` is exactly-once, so the reaper and settlement may race on one
@@ -17,11 +17,14 @@ import logging
 import time
 from typing import Any
 
+from aiokafka.errors import KafkaError
+
 from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation, Settled
+from infra.stores.retry import HEALTH, MAX_DELAY_S, STORE_DOWN, dependency_of
 from schemas import GenerationFinished, UsageRecorded
-from streams.settlement import publish_usage
+from streams.settlement import charge_for, publish_usage
 from topics import Role, Topics
 from topics.catalogue import REAPER, REPLIES, USAGE
 from topics.clients import make_producer, send
@@ -47,8 +50,22 @@ class Reaper(Runner):
         return [self.producer]
 
     async def step(self) -> None:
-        await self.sweep()
+        try:
+            await self.sweep()
+        except (*STORE_DOWN, KafkaError) as exc:
+            # Nothing is lost by skipping a pass (the expiry set and the usage log keep everything): the reaper
+            # stays up, says so, and sweeps again within 5 s, then at its usual pace once a sweep succeeds.
+            dependency = "Kafka" if isinstance(exc, KafkaError) else dependency_of(exc)
+            HEALTH.down(self.name, dependency)
+            log.warning("reaper sweep failed: %s unreachable (%s); next sweep in %.0f s", dependency,
+                        type(exc).__name__, min(self.interval_s, MAX_DELAY_S))
+            await self.idle(min(self.interval_s, MAX_DELAY_S))
+            return
+        HEALTH.up(self.name)
         await self.idle(self.interval_s)
+
+    def reset(self) -> None:
+        self.producer = make_producer(self.settings.kafka_bootstrap)
 
     async def sweep(self, now: float | None = None) -> list[Settled]:
         """One pass; the generations this pass settled or published."""
@@ -90,17 +107,18 @@ class Reaper(Runner):
 
     async def _settle(self, r: Reservation, reply: GenerationFinished | None) -> Settled | None:
         if reply is not None:
-            log.info("generation %s reservation expired; settling from its reply: in %d, out %d",
-                     r.generation_id, reply.usage.prompt_tokens, reply.usage.completion_tokens)
+            tokens_in, tokens_out = charge_for(reply)
+            log.info("generation %s reservation expired; settling from its reply (%s): in %d, out %d",
+                     r.generation_id, reply.status, tokens_in, tokens_out)
             return await self.quota.settle(
-                r.generation_id, reply.usage.prompt_tokens, reply.usage.completion_tokens,
-                tokens_cached=reply.usage.cached_prompt_tokens, status=reply.status, model=reply.model,
-                pool=reply.pool, started_at=reply.started_at, finished_at=reply.at)
-        log.warning("generation %s user %s reservation expired with no finished reply (gateway or worker lost "
-                    "it); releasing %d of %d reserved tokens, charging the %d-token prompt estimate",
-                    r.generation_id, r.user_id, r.amount - r.prompt_tokens, r.amount, r.prompt_tokens)
-        return await self.quota.settle(r.generation_id, r.prompt_tokens, 0, status="failed",
-                                       started_at=r.created_at)
+                r.generation_id, tokens_in, tokens_out,
+                tokens_cached=reply.usage.cached_prompt_tokens if tokens_in else 0, status=reply.status,
+                model=reply.model, pool=reply.pool, started_at=reply.started_at, finished_at=reply.at)
+        released = await self.quota.release(r.generation_id, "expired")
+        log.warning("generation %s user %s reservation expired with no finished reply in the log (gateway or "
+                    "worker lost it); released %s of %d reserved tokens, charged 0", r.generation_id, r.user_id,
+                    released, r.amount)
+        return None  # nothing charged, so nothing for the usage topic
 
     async def _send(self, record: UsageRecorded) -> None:
         await send(self.producer, self.topics.usage, record, key=record.user_id)

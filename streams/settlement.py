@@ -26,7 +26,7 @@ from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Settled
 from schemas import GenerationFinished, UsageRecorded
-from streams.app import make_app, topic
+from streams.app import applied, make_app, topic
 from topics import Role, Topics
 from topics.catalogue import DEADLETTER, REPLIES, SETTLEMENT, USAGE
 
@@ -34,6 +34,14 @@ log = logging.getLogger(__name__)
 ROLE = Role(SETTLEMENT, reads=(REPLIES,), writes=(USAGE, DEADLETTER))
 
 Send = Callable[[UsageRecorded], Awaitable[None]]
+
+
+def charge_for(finished: GenerationFinished) -> tuple[int, int]:
+    """(tokens in, tokens out) to charge: what the reply used, and nothing for a reply that failed (the user
+    got an error, not an answer: a refusal or failure after admission costs 0)."""
+    if finished.status == "failed":
+        return 0, 0
+    return finished.usage.prompt_tokens, finished.usage.completion_tokens
 
 
 async def publish_usage(quota: Quota, send: Send, marker: Settled) -> None:
@@ -69,11 +77,11 @@ class Settlement:
         return marker
 
     async def _settle(self, finished: GenerationFinished) -> Settled | None:
-        usage = finished.usage
+        tokens_in, tokens_out = charge_for(finished)
         return await self.quota.settle(
-            finished.generation_id, usage.prompt_tokens, usage.completion_tokens,
-            tokens_cached=usage.cached_prompt_tokens, status=finished.status, model=finished.model,
-            pool=finished.pool, started_at=finished.started_at, finished_at=finished.at,
+            finished.generation_id, tokens_in, tokens_out,
+            tokens_cached=finished.usage.cached_prompt_tokens if tokens_in else 0, status=finished.status,
+            model=finished.model, pool=finished.pool, started_at=finished.started_at, finished_at=finished.at,
             block_category=finished.block.category if finished.block else "",
             rules_version=finished.block.rules_version if finished.block else "")
 
@@ -85,7 +93,7 @@ class Settlement:
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 log.warning("settlement waiting for Redis (%s); retry in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, 5.0)
 
 
 def faust_sender(usage: faust.TopicT) -> Send:
@@ -108,6 +116,6 @@ def build_app(settings: Settings, quota: Quota) -> faust.App:
     async def settle(stream: faust.StreamT) -> None:
         async for finished in stream:
             if isinstance(finished, GenerationFinished):
-                await settlement.handle(finished)
+                await applied(ROLE.stage, stream, topics, settlement.handle, finished)
 
     return app

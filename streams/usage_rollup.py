@@ -23,7 +23,7 @@ import faust
 from infra.config.settings import Settings
 from infra.stores.records import Records, UsageDay
 from schemas import UsageRecorded
-from streams.app import make_app, topic
+from streams.app import applied, make_app, topic
 from streams.codec import CODEC_NAME
 from topics import Role, Topics
 from topics.catalogue import DEADLETTER, USAGE, USAGE_ROLLUP
@@ -87,7 +87,9 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
             else:
                 days[key] = row
                 await by_plan.send(key=record.plan.encode(), value=record)
-            await records.put_usage_day(usage_day(record.user_id, record.day, days[key]))
+            # Written (a Cassandra outage waited out here) before faust may acknowledge the record.
+            await applied(ROLE.stage, stream, topics, records.put_usage_day,
+                          usage_day(record.user_id, record.day, days[key]))
 
     @app.agent(by_plan)
     async def roll_minutes(stream: faust.StreamT) -> None:

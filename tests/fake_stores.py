@@ -64,6 +64,7 @@ class FakeQuota:
     reservations: dict[str, Reservation] = field(default_factory=dict)
     markers: dict[str, Settled] = field(default_factory=dict)
     settle_calls: list[tuple[str, int, int, str]] = field(default_factory=list)
+    release_calls: list[tuple[str, str]] = field(default_factory=list)
     forgotten: list[str] = field(default_factory=list)
     failures_left: int = 0  # settle raises this many times first (Redis unreachable)
     stale: set[str] = field(default_factory=set)  # ids left in the expiry set after their reservation went
@@ -93,6 +94,16 @@ class FakeQuota:
                                 pool=pool, block_category=block_category, rules_version=rules_version)
         self.markers[generation_id] = marker
         return marker
+
+    async def release(self, generation_id: str, reason: str, *, user_id: str = "", plan: str = "") -> int | None:
+        """Give the whole reservation back, charging 0, once."""
+        self.release_calls.append((generation_id, reason))
+        reservation = self.reservations.pop(generation_id, None)
+        if reservation is None or generation_id in self.markers:
+            return None
+        self.markers[generation_id] = settled_marker(generation_id, reserved=reservation.amount, tokens_in=0,
+                                                     tokens_out=0, charged=0, status="failed", published=True)
+        return reservation.amount
 
     async def settled(self, generation_id: str) -> Settled | None:
         return self.markers.get(generation_id)

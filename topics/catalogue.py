@@ -86,7 +86,7 @@ TOKENS = Topic("tokens", "chat.tokens", "generation_id",
                 GenerationFinished),
                6, 10 * MINUTE_MS, (ADMISSION, PROMPT, SCHEDULER, GENERATION), (GATEWAY, GENERATION, ABANDONED))
 REPLIES = Topic("replies", "chat.replies", "conversation_id", (GenerationFinished,), 6, 7 * DAY_MS,
-                (GENERATION, SCHEDULER), (SETTLEMENT, PERSISTENCE, SCHEDULER, REAPER))
+                (GENERATION, SCHEDULER), (SETTLEMENT, PERSISTENCE, SCHEDULER, REAPER, BILLING))
 # Broadcast: every worker reads every partition without a group.
 CONTROL = Topic("control", "chat.control", "generation_id", (CancelRequested,), 1, 1 * HOUR_MS,
                 (GATEWAY, ABANDONED, RETENTION), (GENERATION,))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -71,17 +72,39 @@ class Runner:
     def stop(self) -> None:
         self._stopping.set()
 
+    def reset(self) -> None:
+        """Before a restart after a failure: a stage whose clients cannot start twice makes new ones."""
 
-async def run_stages(*stages: Runner) -> None:
-    """Run stages together until one fails; the others are then stopped too."""
-    tasks = [asyncio.create_task(s.run(), name=s.name or type(s).__name__) for s in stages]
+
+async def run_stages(*stages: Runner, restart_s: float = 1.0, max_restart_s: float = 30.0) -> None:
+    """Run stages together until stopped. A stage that fails is restarted after a backoff, alone: one
+    stage's failure never stops the others (store outages are waited out inside each stage)."""
+    tasks = [asyncio.create_task(_keep_running(s, restart_s, max_restart_s), name=s.name or type(s).__name__)
+             for s in stages]
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            task.result()
+        await asyncio.gather(*tasks)
     finally:
         for s in stages:
             s.stop()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _keep_running(stage: Runner, first_s: float, max_s: float) -> None:
+    """``stage.run()`` until it returns (stopped); restarted with backoff, on fresh clients, when it raises."""
+    delay, name = first_s, stage.name or type(stage).__name__
+    while True:
+        began = time.monotonic()
+        try:
+            await stage.run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - logged whole; the stage restarts, the others run on
+            log.exception("stage %s failed; restarting it in %.1f s (the other stages carry on)", name, delay)
+        if time.monotonic() - began > 60:
+            delay = first_s  # it ran a good while: a fresh failure, not a crash loop
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, max_s)
+        stage.reset()

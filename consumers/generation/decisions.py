@@ -33,6 +33,15 @@ class Finish:
     reason: str = ""
 
 
+STALE_REQUEST_S = 600  # chat.tokens keeps 10 minutes: an older request has no stream left to resume
+
+
+def is_stale(req: GenerationRequested, now: float) -> bool:
+    """Requested longer ago than the token buffer keeps: skip it, publishing nothing (a reply saved for it
+    stays as saved; a consumer group new to a lane reads it from the lane's start)."""
+    return now - req.at > STALE_REQUEST_S
+
+
 def decide(req: GenerationRequested, limits: Limits, cancelled: bool, saved: Saved) -> Generate | Finish:
     """Generate (from where the saved tokens end, at the priority the request's producer gave it) or finish."""
     if saved.finished is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from consumers.generation.fencing import is_current
 from schemas import EventDecodeError, GenerationFinished, GenerationStarted, TokensAppended, decode
 from topics.replay import open_reader, read_to_end
 
@@ -39,11 +40,15 @@ class Saved:
 
 
 def collect(events: list[object], generation_id: str) -> Saved:
-    """Fold one partition's events into what was saved for ``generation_id`` (duplicates by seq ignored)."""
-    saved = Saved()
+    """Fold one partition's events into what was saved for ``generation_id`` (duplicates by seq ignored,
+    and events of an owner epoch older than one already seen)."""
+    saved, epoch = Saved(), 0
     for event in events:
         if getattr(event, "generation_id", None) != generation_id:
             continue
+        if not is_current(event, epoch):
+            continue  # a fenced-off worker's late append: a newer owner took over
+        epoch = max(epoch, getattr(event, "epoch", 0))
         if isinstance(event, GenerationStarted) and saved.started is None:
             saved.started = event
         elif isinstance(event, TokensAppended):

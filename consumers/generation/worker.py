@@ -15,6 +15,7 @@ ends at once as ``stopped`` with no text.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -25,8 +26,19 @@ import msgspec
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
 
-from consumers.generation.decisions import Finish, Generate, Limits, decide, finished_event, status_for
+from consumers.generation.decisions import (
+    STALE_REQUEST_S,
+    Finish,
+    Generate,
+    Limits,
+    decide,
+    finished_event,
+    is_stale,
+    status_for,
+)
+from consumers.generation.fencing import Fence
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
 from consumers.generation.recovery import Saved, read_saved
@@ -34,9 +46,12 @@ from consumers.generation.sampling import for_request
 from consumers.safety.classifier import Verdict
 from consumers.safety.metrics import SafetyMetrics
 from consumers.safety.output import OutputCheck, OutputGuard
+from infra.config.plans import Plan, load_plans
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.crypto import KeyGone
+from infra.stores.finished import FinishedReplies
+from infra.stores.quota import Quota
 from infra.stores.sealing import Sealer, is_sealed
 from schemas import (
     CancelRequested,
@@ -57,6 +72,7 @@ log = logging.getLogger(__name__)
 # Reads chat.control (broadcast) and its own earlier tokens on chat.tokens (recovery), without a group.
 ROLE = Role(GENERATION, reads=(GENERATE, CONTROL, TOKENS), writes=(TOKENS, REPLIES, DEADLETTER))
 CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
+FENCE_CHECK_GAP_S = 1.0  # a step this long after the last one: this worker may have been paused; check its lease
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -75,7 +91,7 @@ class GenerationWorker:
     def __init__(self, settings: Settings, limits: Limits, engine: Any, capacity: int,
                  worker_id: str | None = None, metrics_port: int | None = None,
                  on_ready: Any = None, classifier: Any = None, metrics_host: str = "127.0.0.1",
-                 sealer: Sealer | None = None) -> None:
+                 sealer: Sealer | None = None, plans: dict[str, Plan] | None = None) -> None:
         self.on_ready, self.sealer = on_ready, sealer
         self.sealing: set[str] = set()  # generations whose request came sealed: their tokens leave sealed
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
@@ -96,6 +112,9 @@ class GenerationWorker:
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
             session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
         self.redis = aioredis.Redis.from_url(settings.redis_url)
+        self.finished = FinishedReplies(self.redis)
+        self.quota = Quota.configured(self.redis, plans or load_plans(settings.plans_file), settings)
+        self.fence = Fence(self.redis)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -106,6 +125,7 @@ class GenerationWorker:
             self.metrics_port = self.metrics.serve(self.metrics_port, self.metrics_host)
         control = asyncio.create_task(self._control_loop(), name="control")
         stats = asyncio.create_task(self._stats_loop(), name="stats")
+        alive = asyncio.create_task(self._alive_loop(), name="alive")
         log.info("worker %s serving pool %s, capacity %d, metrics on port %s", self.worker_id, self.limits.pool,
                  self.capacity, self.metrics_port)
         if self.on_ready is not None:
@@ -115,6 +135,7 @@ class GenerationWorker:
         finally:
             control.cancel()
             stats.cancel()
+            alive.cancel()
             await self._shutdown()
 
     def stop(self) -> None:
@@ -222,6 +243,21 @@ class GenerationWorker:
     async def _generate(self, req: GenerationRequested) -> None:
         picked_at = time.time()
         self.metrics.picked(req.lane, req.enqueued_at, picked_at)
+        # Fencing: this worker owns the generation from now on; a worker that held it before (presumed dead,
+        # then woken) finds a newer epoch and stops, and every reader ignores its older epoch.
+        await self.fence.take(req.generation_id)
+        try:
+            await self._generate_owned(req, picked_at)
+        finally:
+            self.fence.release(req.generation_id)
+
+    async def _generate_owned(self, req: GenerationRequested, picked_at: float) -> None:
+        if is_stale(req, picked_at):
+            # Older than the token buffer: whatever happened to it can no longer be resumed or shown, and a
+            # reply saved for it must not be overwritten (a new consumer group starts from the lane's start).
+            log.warning("generation %s skipped: requested %.0f s ago, past the token buffer's %d s",
+                        req.generation_id, picked_at - req.at, STALE_REQUEST_S)
+            return
         saved = await self._saved(req)
         decision = decide(req, self.limits, req.generation_id in self.cancelled, saved)
         if isinstance(decision, Finish):
@@ -277,10 +313,14 @@ class GenerationWorker:
                 if not announced:
                     announced, first_token_at = True, now
                     pending.append(await self._started(req, first_token_at, cached, gen.resumed))
+                if last_append and now - last_append > FENCE_CHECK_GAP_S and await self.fence.fenced(req.generation_id):
+                    await self.engine.abort(req.generation_id)  # paused past our lease (SIGSTOP, a long GC)
+                    await asyncio.gather(*pending)
+                    return
                 if out.token_ids or out.text:
                     step = TokensAppended(generation_id=req.generation_id, conversation_id=req.conversation_id,
                                           user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids),
-                                          logprobs=out.logprobs)
+                                          logprobs=out.logprobs, epoch=self.fence.epoch(req.generation_id))
                     if guard is not None and guard.holds:
                         guard.hold(step)  # shown once its chunk has passed the check
                     else:
@@ -349,7 +389,7 @@ class GenerationWorker:
             generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
             message_id=req.message_id, model=self.limits.model, pool=self.limits.pool, worker_id=self.worker_id,
             first_token_at=first_token_at, prompt_tokens=len(req.prompt_token_ids), cached_prompt_tokens=cached,
-            resumed=resumed), key=req.generation_id)
+            resumed=resumed, epoch=self.fence.epoch(req.generation_id)), key=req.generation_id)
 
     async def _finish_early(self, req: GenerationRequested, decision: Finish, saved: Saved) -> None:
         if saved.finished is not None:
@@ -360,15 +400,24 @@ class GenerationWorker:
         if decision.status == "failed":
             self.metrics.failures.inc()
             log.warning("generation %s refused: %s", req.generation_id, decision.reason)
-        usage = Usage(prompt_tokens=len(req.prompt_token_ids), completion_tokens=len(saved.token_ids))
+        # A request that never reached the engine read no prompt: only a reply a previous worker started has one.
+        usage = Usage(prompt_tokens=len(req.prompt_token_ids) if saved.started else 0,
+                      completion_tokens=len(saved.token_ids))
         await self._finish(finished_event(req, self.limits, self.worker_id, decision.status, saved.text, usage,
                                           saved.next_seq - 1, decision.reason))
 
     async def _finish(self, event: Any) -> None:
+        if await self.fence.fenced(event.generation_id):
+            return  # the newer owner finishes it
+        event = msgspec.structs.replace(event, epoch=self.fence.epoch(event.generation_id))
+        if event.purpose == "reply" and event.status == "failed":
+            await self.quota.release(event.generation_id, "worker")  # costs nothing; the slot is free at once
         try:
             event = await self._seal(event)
         except KeyGone:
             event = msgspec.structs.replace(event, text="")  # deleted meanwhile: the finish carries no text
+        if event.purpose == "reply":
+            await self.finished.put(event)  # readable (sealed like the event) before anyone sees its end
         # chat.tokens first: a recovering worker treats a finish there as final.
         await send(self.producer, self.topics.tokens, event, key=event.generation_id)
         await send(self.producer, self.topics.replies, event, key=event.conversation_id)
@@ -409,6 +458,13 @@ class GenerationWorker:
         horizon = time.time() - CANCEL_MEMORY_S
         for gid in [g for g, at in self.cancelled.items() if at < horizon]:
             del self.cancelled[gid]
+
+    async def _alive_loop(self) -> None:
+        """Readers of this worker's generations tell a slow step from a dead worker by this key."""
+        while True:
+            with contextlib.suppress(RedisError):  # a missed beat only shows `recovering` early
+                await self.redis.set(keys.worker_alive(self.worker_id), "1", ex=keys.WORKER_ALIVE_TTL_S)
+            await asyncio.sleep(1.0)
 
     async def _stats_loop(self) -> None:
         while True:

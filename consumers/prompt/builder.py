@@ -3,8 +3,9 @@
 
 Saves the user message in Cassandra *before* generation (key conversation + turn),
 claims the client_message_id (a retried request joins the first one's generation),
-loads history, fits it to the token budget with the model's own tokenizer, and
-asks the small pool for a summary when older turns fall out. A message admission's input check
+loads history (with any reply that ended but is not saved yet), fits it to the pool's
+window with the model's own tokenizer, and asks the small pool for a summary when
+older turns fall out. A request it refuses gets its reservation released at once. A message admission's input check
 blocked (``InputBlocked``) is saved as ``blocked``, its text replaced by the notice.
 """
 from __future__ import annotations
@@ -17,12 +18,16 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from consumers.deadlines import past_deadline
+from consumers.prompt import summary as summaries
 from consumers.prompt.branch import branch_turns, newest_reply
-from consumers.prompt.fit import Turn, fit, fit_history
+from consumers.prompt.fit import TooLong, Turn, Window, fit, fit_history, fit_window
 from consumers.stage import Out
+from infra.stores import keys
 from infra.stores.conversations import Conversations, Message
-from infra.stores.records import Records
-from schemas import GenerationRequested, InputBlocked, PromptBuilt, RequestAdmitted, RequestRefused
+from infra.stores.finished import FinishedReplies
+from infra.stores.records import Records, Summary
+from schemas import GenerationRequested, InputBlocked, PoolPrompt, PromptBuilt, RequestAdmitted, RequestRefused
 from schemas.scheduler import BACKGROUND_PRIORITY
 from topics import GENERATE, Role, Topics
 from topics.catalogue import ADMITTED, DEADLETTER, PROMPT, PROMPTS, TOKENS
@@ -30,41 +35,59 @@ from topics.catalogue import ADMITTED, DEADLETTER, PROMPT, PROMPTS, TOKENS
 log = logging.getLogger(__name__)
 # Writes chat.tokens only to refuse a prompt that cannot fit; the summary request goes to the small pool.
 ROLE = Role(PROMPT, reads=(ADMITTED,), writes=(PROMPTS, GENERATE, TOKENS, DEADLETTER))
-SUMMARY_INSTRUCTION = "Summarise this conversation in at most five sentences, keeping names, numbers and decisions."
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    window: Window
+    turns: list[Turn]
+    alternates: list[PoolPrompt]
 
 
 class PromptBuilder:
     def __init__(self, conversations: Conversations, records: Records, topics: Topics,
                  tokenizer_for_pool: Callable[[str], Any], budget: int, max_model_len: Callable[[str], int],
-                 quota: Any = None, keep_nothing: frozenset[str] = frozenset()) -> None:
+                 quota: Any = None, keep_nothing: frozenset[str] = frozenset(), redis: Any = None,
+                 overflow_pool: str = "small", same_model: Callable[[str, str], bool] = lambda a, b: True) -> None:
+        """``same_model(a, b)``: pools ``a`` and ``b`` serve one model (a prompt's token ids are valid for both)."""
         self.conversations, self.records, self.topics = conversations, records, topics
         self.keep_nothing = keep_nothing  # no-retention plans: the prompt is built, no text is stored
         self.tokenizer_for_pool, self.budget, self.max_model_len = tokenizer_for_pool, budget, max_model_len
-        self.quota = quota
+        self.quota, self.redis, self.overflow_pool, self.same_model = quota, redis, overflow_pool, same_model
+        self.finished = (FinishedReplies(redis, sealer=getattr(conversations, "sealer", None))
+                         if redis is not None else None)
 
     async def handle(self, req: RequestAdmitted | InputBlocked) -> list[Out]:
         if isinstance(req, InputBlocked):
             await self._save_blocked(req)
+            return []
+        if past_deadline(req.deadline):
+            # Nothing written yet; the reservation is released at once, charging nothing.
+            if self.quota is not None:
+                await self.quota.settle(req.generation_id, 0, 0, status="failed")
+            log.info("generation %s dropped before its prompt: past its deadline by %.1f s; reservation "
+                     "released, 0 tokens charged", req.generation_id, time.time() - req.deadline)
             return []
         began = time.perf_counter()
         # Independent reads together: the stage's latency is its round trips to Cassandra.
         history, summary = await asyncio.gather(
             self.conversations.all_messages(req.conversation_id),
             self.records.latest_summary(req.conversation_id) if req.history is None else _none())
+        if self.finished is not None:  # a reply whose end the client saw is part of the history now
+            history = await self.finished.current(history)
         read_at = time.perf_counter()
         turn, user_message = self._place(req, history)
         if user_message is None:
-            return []  # regenerating a message that is not there
+            return await self._refused(req, 404, "invalid", "That message is no longer in the conversation.")
         built = self._build(req, history, summary, user_message)
-        if isinstance(built, Out):
-            return [built]
-        ids, fitted, turns = built
+        if isinstance(built, TooLong):
+            return await self._too_long(req, built)
         # The user message is saved before generation begins (before PromptBuilt is produced). The durable
         # client_message_id claim runs beside those writes: it only loses to a retry the gateway's own
         # claim (Redis) missed, and then the rows written here are taken back.
         claim = None if req.regenerate else asyncio.ensure_future(self.conversations.claim_client_message(
             req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn))
-        await asyncio.gather(*self._writes(req, turn, user_message, history, len(ids)))
+        await asyncio.gather(*self._writes(req, turn, user_message, history, len(built.window.ids)))
         if claim is not None:
             won = await claim
             if won.generation_id != req.generation_id:
@@ -76,26 +99,29 @@ class PromptBuilder:
                 await self._take_back(req, turn, user_message)
                 turn, user_message = won.turn, dataclasses.replace(user_message, turn=won.turn)
                 built = self._build(req, history, summary, user_message)
-                if isinstance(built, Out):
-                    return [built]
-                ids, fitted, turns = built
-                await asyncio.gather(*self._writes(req, turn, user_message, history, len(ids)))
-        context = self.max_model_len(req.pool)
+                if isinstance(built, TooLong):
+                    return await self._too_long(req, built)
+                await asyncio.gather(*self._writes(req, turn, user_message, history, len(built.window.ids)))
+        window = built.window
         outs = [Out(self.topics.prompts, PromptBuilt(
             generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
             plan=req.plan, pool=req.pool, user_message_id=user_message.message_id,
-            assistant_message_id=req.generation_id, turn=turn, prompt_token_ids=ids,
-            max_tokens=min(req.reply_cap, context - len(ids) - 1), reserved_tokens=req.reserved_tokens,
-            turns_kept=fitted.turns_kept, summary_used=fitted.summary_used, route_reason=req.route_reason,
-            temperature=req.temperature, question=user_message.content[:500], sampling=req.sampling),
-            req.conversation_id)]
-        if req.history is None and fitted.dropped_upto_turn is not None and (
-                summary is None or summary.upto_turn < fitted.dropped_upto_turn):
-            outs.append(self._summary_request(req, turns, fitted.dropped_upto_turn,
-                                              self.tokenizer_for_pool(req.pool), context))
+            assistant_message_id=req.generation_id, turn=turn, prompt_token_ids=window.ids,
+            max_tokens=window.max_tokens, reserved_tokens=req.reserved_tokens,
+            turns_kept=window.fitted.turns_kept, summary_used=window.fitted.summary_used,
+            route_reason=req.route_reason, temperature=req.temperature, question=user_message.content[:500],
+            sampling=req.sampling, alternates=built.alternates,
+            deadline=req.deadline), req.conversation_id)]
+        dropped = window.fitted.dropped_upto_turn
+        if req.history is None and summaries.wanted(dropped, summary) and await self._summary_slot(req, dropped):
+            request = self._summary_request(req, built.turns, dropped, summary)  # type: ignore[arg-type]
+            if request is not None:
+                outs.append(request)
         done = time.perf_counter()
-        log.info("generation %s prompt built: turn %d, %d tokens, %d turns kept, summary %s", req.generation_id,
-                 turn, len(ids), fitted.turns_kept, fitted.summary_used)
+        log.info("generation %s prompt built: turn %d, %d tokens for pool %s (window %d, reply %d), %d turns "
+                 "kept, summary %s", req.generation_id, turn, len(window.ids), req.pool,
+                 self.max_model_len(req.pool), window.max_tokens, window.fitted.turns_kept,
+                 window.fitted.summary_used)
         log.debug("generation %s prompt stage: reads %.1f ms, build+writes+claim %.1f ms", req.generation_id,
                   (read_at - began) * 1000, (done - read_at) * 1000)
         return outs
@@ -140,22 +166,41 @@ class PromptBuilder:
                              parent_id=after, generation_id=req.generation_id,
                              client_message_id=req.client_message_id, created_at=datetime.now(UTC))
 
-    def _build(self, req: RequestAdmitted, history: list[Message], summary: Any,
-               user_message: Message) -> tuple[list[int], Any, list[Turn]] | Out:
-        """The prompt's token ids (or the refusal when it cannot fit the model)."""
-        tok = self.tokenizer_for_pool(req.pool)
-        turns: list[Turn] = []
+    def _build(self, req: RequestAdmitted, history: list[Message], summary: Summary | None,
+               user_message: Message) -> Built | TooLong:
+        """The prompt for the request's pool, and for the overflow pool when its prompt would differ
+        (another model's tokenizer, another window): the scheduler may still send it there."""
+        turns = [] if isinstance(req.history, list) else branch_turns(history, user_message)
+        window = self._fit(req, turns, summary, req.pool)
+        if isinstance(window, TooLong):
+            return window
+        alternates = []
+        other = self.overflow_pool
+        if req.pool != other and self._can_overflow(other):
+            if not self.same_model(req.pool, other) or self.max_model_len(other) != self.max_model_len(req.pool):
+                alt = self._fit(req, turns, summary, other)
+                if isinstance(alt, Window):  # no alternate: the scheduler will not overflow this one
+                    alternates.append(PoolPrompt(pool=other, max_tokens=alt.max_tokens, prompt_token_ids=alt.ids))
+            else:
+                alternates.append(PoolPrompt(pool=other, max_tokens=window.max_tokens))  # same ids fit there
+        return Built(window, turns, alternates)
+
+    def _can_overflow(self, other: str) -> bool:
+        try:
+            self.max_model_len(other)
+        except KeyError:
+            return False  # no such pool in this deployment
+        return True
+
+    def _fit(self, req: RequestAdmitted, turns: list[Turn], summary: Summary | None, pool: str) -> Window | TooLong:
+        tok = self.tokenizer_for_pool(pool)
         if isinstance(req.history, list):  # the client sent the whole history (OpenAI-compatible API)
-            fitted = fit_history([(t.role, t.content) for t in req.history], tok.count, self.budget)
-        else:
-            turns = branch_turns(history, user_message)
-            fitted = fit(turns, tok.count, self.budget, (summary.upto_turn, summary.summary) if summary else None)
-        ids = tok.chat_ids(fitted.messages)
-        context = self.max_model_len(req.pool)
-        if len(ids) + 1 > context:
-            return self._refuse(req, f"Your message is {len(ids)} tokens with the instructions; the model "
-                                     f"reads at most {context}. Shorten it and send again.")
-        return ids, fitted, turns
+            pairs = [(t.role, t.content) for t in req.history]
+            return fit_window(lambda b: fit_history(pairs, tok.count, b), tok.chat_ids, self.budget,
+                              self.max_model_len(pool), req.reply_cap)
+        known = (summary.upto_turn, summary.summary) if summary else None
+        return fit_window(lambda b: fit(turns, tok.count, b, known), tok.chat_ids, self.budget,
+                          self.max_model_len(pool), req.reply_cap)
 
     def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
                 prompt_tokens: int) -> list[Awaitable[Any]]:
@@ -184,22 +229,42 @@ class PromptBuilder:
             parent_id=user_message_id, generation_id=req.generation_id, route_reason=req.route_reason,
             created_at=datetime.now(UTC)))
 
-    def _refuse(self, req: RequestAdmitted, message: str) -> Out:
-        return Out(self.topics.tokens, RequestRefused(
-            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
-            reason="too_long", message=message, status=413), req.generation_id)
+    async def _too_long(self, req: RequestAdmitted, too_long: TooLong) -> list[Out]:
+        return await self._refused(req, 413, "too_long", (
+            f"Your message alone is {too_long.tokens:,} tokens with the instructions; this model reads at most "
+            f"{too_long.most:,} before its reply. Shorten it and send again."))
 
-    def _summary_request(self, req: RequestAdmitted, turns: list[Turn], upto: int, tok: Any, context: int) -> Out:
-        lines = [f"User: {t.user}\nAssistant: {t.assistant}" for t in turns if t.turn <= upto]
-        body = "\n".join(lines)
-        while lines and tok.count(body) > context // 2:
-            lines.pop(0)  # the oldest lines go first; the summary covers what fits
-            body = "\n".join(lines)
-        ids = tok.chat_ids([{"role": "system", "content": SUMMARY_INSTRUCTION}, {"role": "user", "content": body}])
-        return Out(self.topics.generate("small", "free"), GenerationRequested(
+    async def _refused(self, req: RequestAdmitted, status: int, reason: Any, message: str) -> list[Out]:
+        """Refuse, giving the reservation and the running slot back first, so a retry right after the
+        refusal is not held up by it (and nothing is charged)."""
+        if self.quota is not None:
+            await self.quota.release(req.generation_id, "prompt")
+        log.info("generation %s refused by the prompt build: %s (%d)", req.generation_id, reason, status)
+        return [Out(self.topics.tokens, RequestRefused(
+            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
+            reason=reason, message=message, status=status), req.generation_id)]
+
+    async def _summary_slot(self, req: RequestAdmitted, upto: int | None) -> bool:
+        if self.redis is None:
+            return True
+        return bool(await self.redis.set(keys.summary_requested(req.conversation_id), str(upto), nx=True,
+                                         ex=summaries.IN_FLIGHT_S))
+
+    def _summary_request(self, req: RequestAdmitted, turns: list[Turn], upto: int,
+                         previous: Summary | None) -> Out | None:
+        pool = self.overflow_pool  # the small pool: a summary is the service's own cheap call
+        tok, context = self.tokenizer_for_pool(pool), self.max_model_len(pool)
+        room = context - summaries.SUMMARY_MAX_TOKENS
+        ids = tok.chat_ids(summaries.summary_messages(turns, upto, previous, tok.count, room - 64))
+        if len(ids) > room:
+            log.info("generation %s: turn too long to summarise (%d tokens); older turns dropped unsummarised",
+                     req.generation_id, len(ids))
+            return None
+        return Out(self.topics.generate(pool, "free"), GenerationRequested(
             generation_id=f"{req.generation_id}:summary", conversation_id=req.conversation_id,
-            user_id=req.user_id, plan=req.plan, pool="small", lane="free", prompt_token_ids=ids,
-            max_tokens=160, priority=BACKGROUND_PRIORITY, turn=upto, purpose="summary", temperature=0.0),
+            user_id=req.user_id, plan=req.plan, pool=pool, lane="free", prompt_token_ids=ids,
+            max_tokens=summaries.SUMMARY_MAX_TOKENS, priority=BACKGROUND_PRIORITY, turn=upto, purpose="summary",
+            temperature=0.0),
             req.conversation_id)
 
 

@@ -72,12 +72,14 @@ class Queues:
         self.pools, self.overflow_pool = pools, overflow_pool
         self.where: dict[str, tuple[str, str]] = {}  # generation_id -> (pool, lane)
 
-    def route(self, pool: str, lane: str, limit_s: float, reason: str, now: float | None = None) -> Route | Refuse:
+    def route(self, pool: str, lane: str, limit_s: float, reason: str, now: float | None = None,
+              can_overflow: bool = True) -> Route | Refuse:
+        """``can_overflow``: the request has a prompt that fits the overflow pool."""
         now = time.time() if now is None else now
         position, wait = self.pools[pool].estimate_wait(lane, now)
         if wait <= limit_s:
             return Route(pool, lane, position, wait, reason)
-        if pool != self.overflow_pool and self.overflow_pool in self.pools:
+        if can_overflow and pool != self.overflow_pool and self.overflow_pool in self.pools:
             o_position, o_wait = self.pools[self.overflow_pool].estimate_wait(lane, now)
             if o_wait <= limit_s:
                 return Route(self.overflow_pool, lane, o_position, o_wait, "overflow")

@@ -16,11 +16,14 @@ from typing import Any
 
 from prometheus_client import Counter as PromCounter
 
+from consumers.deadlines import past_deadline
 from consumers.scheduler.canned import CANNED_MODEL, CANNED_POOL, CannedReplies
 from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
 from consumers.stage import Out, Stage
 from infra.config.plans import Plan
 from infra.config.settings import Settings
+from infra.stores.finished import FinishedReplies
+from infra.stores.quota import Quota
 from infra.stores.sealing import Sealer
 from schemas import (
     GenerationFinished,
@@ -52,28 +55,34 @@ ROLE = Role(SCHEDULER, reads=(PROMPTS, REPLIES), writes=(GENERATE, TOKENS, REPLI
 
 class Scheduler:
     def __init__(self, topics: Topics, queues: Queues, plans: dict[str, Plan], models: dict[str, str],
-                 canned: CannedReplies | None = None) -> None:
+                 canned: CannedReplies | None = None, quota: Any = None, finished: Any = None) -> None:
         self.topics, self.queues, self.plans, self.models = topics, queues, plans, models
-        self.canned = canned
+        self.canned, self.quota, self.replies = canned, quota, finished  # not .finished: a method
         self.partition_load: dict[str, Counter[int]] = {}
         self.placed: dict[str, tuple[str, int]] = {}
 
     async def handle(self, p: PromptBuilt) -> list[Out]:
+        if past_deadline(p.deadline):
+            return self._expired(p)
         plan = self.plans[p.plan]
         if p.pool not in self.queues.pools:
-            return [self._refuse(p, 422, f"Unknown model pool {p.pool!r}. Choose one of: "
-                                         f"{', '.join(sorted(self.queues.pools))}.", None)]
-        decision = self.queues.route(p.pool, plan.lane, plan.queue_wait_limit_s, p.route_reason)
+            return await self._refuse(p, 422, f"Unknown model pool {p.pool!r}. Choose one of: "
+                                               f"{', '.join(sorted(self.queues.pools))}.", None)
+        overflow = self.queues.overflow_pool
+        decision = self.queues.route(p.pool, plan.lane, plan.queue_wait_limit_s, p.route_reason,
+                                     can_overflow=any(a.pool == overflow for a in p.alternates))
         if isinstance(decision, Refuse):
             prepared = self.canned.reply_for(p.question) if self.canned else None
             if prepared is not None:
                 DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="canned").inc()
                 log.info("generation %s served a prepared reply: every pool past the %s limit", p.generation_id,
                          p.plan)
-                return self._prepared(p, prepared)
+                return await self._prepared(p, prepared)
             DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="refused").inc()
             log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
-            return [self._refuse(p, 503, decision.message, max(1.0, decision.wait_s - plan.queue_wait_limit_s))]
+            return await self._refuse(p, 503, decision.message,
+                                      max(1.0, decision.wait_s - plan.queue_wait_limit_s))
+        ids, max_tokens = prompt_for(p, decision.pool)
         topic = self.topics.generate(decision.pool, decision.lane)
         partition = self._partition(topic, p.conversation_id)
         self.queues.enqueued(p.generation_id, decision.pool, decision.lane)
@@ -94,15 +103,16 @@ class Scheduler:
             Out(topic, GenerationRequested(
                 generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
                 plan=p.plan, pool=decision.pool, lane=decision.lane,  # type: ignore[arg-type]
-                prompt_token_ids=p.prompt_token_ids, max_tokens=p.max_tokens,
-                priority=LANE_PRIORITY[decision.lane], message_id=p.assistant_message_id, turn=p.turn,
+                prompt_token_ids=ids, max_tokens=max_tokens,
+                priority=LANE_PRIORITY[decision.lane],  # type: ignore[index]
+                message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
                 route_reason=decision.reason if decision.reason == "overflow" else p.route_reason,
                 enqueued_at=time.time(), sampling=p.sampling, **_temperature(p)),
                 p.conversation_id, partition),
         ]
 
-    def _prepared(self, p: PromptBuilt, text: str) -> list[Out]:
+    async def _prepared(self, p: PromptBuilt, text: str) -> list[Out]:
         """The last-resort tier: start and finish at once, saying plainly that no model answered."""
         queued = GenerationQueued(generation_id=p.generation_id, conversation_id=p.conversation_id,
                                   user_id=p.user_id, pool=CANNED_POOL, model=CANNED_MODEL, lane="free", position=0,
@@ -112,8 +122,23 @@ class Scheduler:
             message_id=p.assistant_message_id, turn=p.turn, parent_id=p.user_message_id, status="complete",
             text=text, usage=Usage(prompt_tokens=0, completion_tokens=0), model=CANNED_MODEL, pool=CANNED_POOL,
             worker_id="scheduler", reserved_tokens=p.reserved_tokens, route_reason="canned")
+        if self.replies is not None:
+            await self.replies.put(done)  # readable before its end is published, like a worker's reply
         return [Out(self.topics.tokens, queued, p.generation_id), Out(self.topics.tokens, done, p.generation_id),
                 Out(self.topics.replies, done, p.conversation_id)]
+
+    def _expired(self, p: PromptBuilt) -> list[Out]:
+        """Past its deadline (the client was answered 503): never queued. The saved placeholder ends as
+        ``failed`` and settlement releases the reservation, charging 0 tokens."""
+        log.info("generation %s dropped before queueing: past its deadline by %.1f s; 0 tokens charged",
+                 p.generation_id, time.time() - p.deadline)
+        done = GenerationFinished(
+            generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id, plan=p.plan,
+            message_id=p.assistant_message_id, turn=p.turn, parent_id=p.user_message_id, status="failed",
+            text="", usage=Usage(prompt_tokens=0, completion_tokens=0), model=self.models.get(p.pool, ""),
+            pool=p.pool, worker_id="scheduler", reason="The service did not start this reply in time; "
+            "nothing was charged. Send it again.", reserved_tokens=p.reserved_tokens, route_reason=p.route_reason)
+        return [Out(self.topics.tokens, done, p.generation_id), Out(self.topics.replies, done, p.conversation_id)]
 
     def _partition(self, topic: str, conversation_id: str) -> int:
         n = GENERATE.partitions
@@ -128,23 +153,38 @@ class Scheduler:
         if placed:
             self.partition_load[placed[0]][placed[1]] -= 1
 
-    def _refuse(self, p: PromptBuilt, status: int, message: str, retry_after: float | None) -> Out:
-        return Out(self.topics.tokens, RequestRefused(
+    async def _refuse(self, p: PromptBuilt, status: int, message: str, retry_after: float | None) -> list[Out]:
+        """Refuse after the prompt build saved the user message: the reservation and the running slot go
+        back first (nothing charged), and the ``generating`` placeholder is ended as ``failed`` through the
+        replies topic, so persistence closes it and settlement finds nothing left to settle."""
+        if self.quota is not None:
+            await self.quota.release(p.generation_id, "scheduler")
+        failed = GenerationFinished(
+            generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id, plan=p.plan,
+            message_id=p.assistant_message_id, turn=p.turn, parent_id=p.user_message_id, status="failed",
+            text="", usage=Usage(), model="", pool=p.pool, worker_id="scheduler", reason=message,
+            reserved_tokens=p.reserved_tokens, route_reason=p.route_reason)
+        refused = RequestRefused(
             generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
             reason="overloaded" if status == 503 else "invalid", message=message, status=status,
-            retry_after_s=retry_after), p.generation_id)
+            retry_after_s=retry_after)
+        if self.replies is not None:
+            await self.replies.put(failed)
+        return [Out(self.topics.tokens, refused, p.generation_id), Out(self.topics.replies, failed, p.conversation_id)]
 
 
 class SchedulerStage(Stage):
     """The scheduler's stage plus its follower of ``chat.replies`` (completions feed the service rate)."""
 
-    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any],
+    def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any], redis: Any = None,
                  sealer: Sealer | None = None) -> None:
         topics = Topics(settings.topic_prefix)
         queues = Queues({name: PoolLoad(capacity=cfg.max_num_seqs, prior_rate=max(cfg.max_num_seqs / 20, 0.1))
                          for name, cfg in pools.items()})
+        quota = Quota.configured(redis, plans, settings) if redis is not None else None
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
-                                   CannedReplies.load(settings.canned_file))
+                                   CannedReplies.load(settings.canned_file), quota,
+                                   FinishedReplies(redis, sealer=sealer) if redis is not None else None)
         super().__init__(ROLE, settings, (PromptBuilt,), self.scheduler.handle, sealer=sealer)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
@@ -163,6 +203,14 @@ class SchedulerStage(Stage):
                 self.scheduler.finished(event.generation_id)  # type: ignore[attr-defined]
         finally:
             await consumer.stop()
+
+
+def prompt_for(p: PromptBuilt, pool: str) -> tuple[list[int] | str, int]:
+    """The token ids and reply cap fitted for ``pool``: the main prompt, or the alternate made for it."""
+    alternate = next((a for a in p.alternates if a.pool == pool), None) if pool != p.pool else None
+    if alternate is None:
+        return p.prompt_token_ids, p.max_tokens
+    return alternate.prompt_token_ids or p.prompt_token_ids, alternate.max_tokens
 
 
 def _temperature(p: PromptBuilt) -> dict[str, Any]:

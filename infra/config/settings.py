@@ -95,8 +95,10 @@ class Settings:
     prompt_budget_tokens: int = 6000
     max_message_chars: int = 32_000
     reader_timeout_s: float = 30.0  # a reply nobody reads for this long is cancelled
-    admission_wait_s: float = 10.0  # how long a POST waits for admission before streaming anyway
+    admission_wait_s: float = 10.0  # the pipeline must queue or refuse a request this soon, or it is a 503
+    kafka_send_timeout_s: float = 3.0  # a send Kafka has not acknowledged by then is a 503
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
+    cursor_secret: str = ""  # signs page cursors; empty: a random key kept in the state folder
     session_ttl_s: int = 7 * 24 * 3600  # the page's sign-in lasts this long, then the cookie is refused
     # admission
     route_small_max_chars: int | None = None  # None: the short-message classifier is off
@@ -215,6 +217,8 @@ VARS: tuple[Var, ...] = (
     Var("MAX_MESSAGE_CHARS", "max_message_chars", int),
     Var("READER_TIMEOUT_S", "reader_timeout_s", float),
     Var("ADMISSION_WAIT_S", "admission_wait_s", float),
+    Var("KAFKA_SEND_TIMEOUT_S", "kafka_send_timeout_s", float),
+    Var("CURSOR_SECRET", "cursor_secret", str),
     Var("LOCAL_MODE", "local_mode", _bool),
     Var("SESSION_TTL_S", "session_ttl_s", int),
     Var("ROUTE_SMALL_MAX_CHARS", "route_small_max_chars", _optional_int),

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("infra.local.worker_cli", "run one generation worker for a model pool"),
     "stages": ("infra.local.stages_cli", "run the pipeline stages (admission, prompt, scheduler, persistence, ...)"),
     "gateway": ("producers.gateway.cli", "run one HTTP gateway"),
+    "supervise": ("infra.local.supervisor", "run one service process, restarting it when it exits (`up` uses it)"),
     "chat": ("producers.chat_cli", "a terminal chat client: stream a reply, Ctrl-C stops it"),
     "capacity": ("infra.planning.capacity", "the seed's capacity model, with your own inputs"),
     "lab": ("infra.planning.lab.cli", "the batching lab: simulate one replica and the fleet spike"),

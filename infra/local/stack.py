@@ -383,6 +383,14 @@ def _stop_apps(settings: Settings, timeout: float) -> list[str]:
     return lines
 
 
+def restarted(settings: Settings, name: str) -> str:
+    """", restarted N times (last exit C)" from the process's supervisor, or nothing."""
+    from infra.local.supervisor import read_restarts
+
+    record = read_restarts(settings.state_dir, name)
+    return f", restarted {record.restarts} times (last exit {record.last_exit})" if record.restarts else ""
+
+
 def status_apps(settings: Settings) -> list[ProcessStatus]:
     """Each service process, configured or recorded: whether it runs, its pid and port, and whether
     it is ready yet."""
@@ -392,7 +400,7 @@ def status_apps(settings: Settings) -> list[ProcessStatus]:
         recorded = app.record_file.exists()
         if pid is not None:
             ready = app.is_ready()
-            detail = f"{'ready' if ready else 'starting'}; log {app.log_file}"
+            detail = f"{'ready' if ready else 'starting'}{restarted(settings, app.name)}; log {app.log_file}"
             found.append(ProcessStatus(app.name, pid, app.spec.port, True, ready, recorded, detail, app.log_file,
                                        metrics_port=app.spec.metrics_port))
             continue

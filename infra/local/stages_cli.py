@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
+from pathlib import Path
 
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
 from infra.local.wiring import PIPELINE, build_stages
+from infra.stores.retry import HEALTH
 from topics.runner import run_stages
 
 STAGES = tuple(PIPELINE)
@@ -35,6 +38,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def health_path(settings: Settings) -> Path:
+    return settings.state_dir / "run" / "stages.health.json"
+
+
+def write_health(settings: Settings, waiting: dict[str, tuple[str, float]]) -> None:
+    """Which stage waits for which store, since when (empty: all healthy)."""
+    path = health_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {stage: {"waiting_for": dep, "since": since} for stage, (dep, since) in waiting.items()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body))
+    tmp.replace(path)
+
+
 async def _main(settings: Settings, names: tuple[str, ...], metrics_port: int, metrics_host: str) -> None:
     import redis.asyncio as aioredis
 
@@ -42,6 +59,8 @@ async def _main(settings: Settings, names: tuple[str, ...], metrics_port: int, m
 
     port = telemetry.serve(metrics_port, metrics_host)
     stages, close = await build_stages(settings, names)
+    HEALTH.listeners.append(lambda waiting: write_health(settings, waiting))
+    write_health(settings, {})
     redis = aioredis.Redis.from_url(settings.redis_url)
     poll = asyncio.create_task(telemetry.poll(settings, redis), name="telemetry")
     loop = asyncio.get_running_loop()

@@ -83,14 +83,15 @@ def admission_stage(r: Resources) -> Stage:
 def prompt_stage(r: Resources) -> Stage:
     prompts = builder.PromptBuilder(Conversations(r.db, r.sealer), Records(r.db, r.sealer), r.topics, r.tokenizer,
                                     r.settings.prompt_budget_tokens, lambda pool: r.pools[pool].max_model_len,
-                                    quota=r.quota, keep_nothing=r.keep_nothing)
+                                    quota=r.quota, keep_nothing=r.keep_nothing, redis=r.redis,
+                                    same_model=lambda a, b: r.pools[a].model_path == r.pools[b].model_path)
     # Keyed by conversation: turns of one conversation are placed in order; other conversations concurrently.
     return Stage(builder.ROLE, r.settings, (RequestAdmitted, InputBlocked), prompts.handle, per_key=True,
                  sealer=r.sealer)
 
 
 def scheduler_stage(r: Resources) -> SchedulerStage:
-    return SchedulerStage(r.settings, r.plans, r.pools, sealer=r.sealer)
+    return SchedulerStage(r.settings, r.plans, r.pools, r.redis, sealer=r.sealer)
 
 
 def persistence_stage(r: Resources) -> FaustStage:

@@ -97,7 +97,8 @@ class Conversations:
 
     async def create(self, user_id: str, model: str | None = None, title: str | None = None,
                      source: str = "page", listed: bool = True) -> Conversation:
-        """A new conversation and its data key; ``listed=False`` (no-retention plans): not in the list."""
+        """A new conversation and its data key; ``listed=False``: not in the list until ``touch`` (its first reply
+        with text) puts it there, or never for a no-retention plan."""
         now = datetime.now(UTC)
         conv = Conversation(new_id(), user_id, title, model, now, source)
         if self.sealer is not None:

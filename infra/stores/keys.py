@@ -10,6 +10,17 @@ def generation_started(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:started"
 
 
+def generation_epoch(generation_id: str) -> str:
+    """Incremented by each worker that takes the generation on; its events carry the value (fencing)."""
+    return f"{PREFIX}gen:{generation_id}:epoch"
+
+
+WORKER_ALIVE_TTL_S = 4
+
+
+def worker_alive(worker_id: str) -> str:
+    """Refreshed every second by a live generation worker; gone = its generations await recovery."""
+    return f"{PREFIX}worker:{worker_id}:alive"
 def generation_retracted(generation_id: str) -> str:
     """Set by the worker before it writes ``GenerationRetracted``: replays of the token buffer skip the
     generation's text (value: the last seq a reader may have shown)."""
@@ -84,6 +95,16 @@ def title_requested(conversation_id: str) -> str:
 
 def abandoned_cancelled(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:abandoned"
+
+
+def finished_reply(generation_id: str) -> str:
+    """The ended reply, written before its end event is published, until persistence has surely saved it."""
+    return f"{PREFIX}gen:{generation_id}:finished"
+
+
+def summary_requested(conversation_id: str) -> str:
+    """Set while a summary of a conversation's older turns is being written (one at a time)."""
+    return f"{PREFIX}conv:{conversation_id}:summary-requested"
 
 
 def page_session(session_hash: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from infra.stores import keys
 from infra.stores.conversations import Conversations
 from infra.stores.crypto import DataKeys
+from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession
 
 
@@ -20,9 +21,13 @@ async def mark_deleted(conversations: Conversations, data_keys: DataKeys, redis:
                        conversation_id: str, user_id: str) -> list[str]:
     """Hide the conversation at once and destroy its data key; the generations to cancel.
 
-    The owner keys go too, so cancel and resume answer 404 from this moment on any gateway."""
+    The owner keys go too, so cancel and resume answer 404 from this moment on any gateway, and so do its
+    search rows (found from its words, which can be read only now, before the key is destroyed)."""
     db = conversations.db
+    conv = await conversations.get(conversation_id)
+    texts = [m.content for m in await conversations.all_messages(conversation_id)] + [conv.title or ""] if conv else []
     await db.execute("UPDATE conversations SET deleted = true WHERE conversation_id = ?", (conversation_id,))
+    await SearchIndex(db, conversations).forget(user_id, conversation_id, texts)
     await conversations.unlist(user_id, conversation_id)
     rows = await db.execute("SELECT generation_id FROM messages WHERE conversation_id = ?", (conversation_id,))
     known = {m.decode() for m in await redis.smembers(keys.conversation_generations(conversation_id))}

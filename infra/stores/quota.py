@@ -66,6 +66,7 @@ class Quota:
         self._true_up = redis.register_script(_script("true_up"))
         self._settle = redis.register_script(_script("settle"))
         self._published = redis.register_script(_script("published"))
+        self._release = redis.register_script(_script("release"))
 
     @classmethod
     def configured(cls, redis: Any, plans: Mapping[str, Plan], settings: Settings) -> Quota:
@@ -124,6 +125,24 @@ class Quota:
             args=[generation_id, tokens_in, tokens_out, repr(now), self.settled_ttl_s, plan.bucket_burst,
                   plan.bucket_tokens_per_minute / 60, *[x for kv in detail.items() for x in kv]])
         return None if reply is None else settled_from(_pairs(reply))
+
+    async def release(self, generation_id: str, reason: str, *, user_id: str = "", plan: str = "",
+                      now: float | None = None) -> int | None:
+        """Give a generation's whole reservation back and free its slot, charging 0, exactly once: the tokens
+        released, or None when it was already settled or released. ``user_id``/``plan`` are needed only when
+        admission may not have reserved yet (the gateway gave up): the marker then keeps admission away."""
+        now = time.time() if now is None else now
+        found = await self._locate(keys.reservation(generation_id))
+        if found is None and not user_id:
+            return None  # nothing reserved and nobody to block: settled, released or never admitted
+        user_id, day = (found[0], found[1]) if found else (user_id, utc_day(now))
+        plan_obj = found[2] if found else self.plans[plan]
+        reply = await self._release(
+            keys=[keys.reservation(generation_id), keys.quota_day(user_id, day), keys.quota_running(user_id),
+                  self.expiry_key, keys.settled(generation_id), keys.quota_bucket(user_id)],
+            args=[generation_id, repr(now), self.settled_ttl_s, plan_obj.bucket_burst,
+                  plan_obj.bucket_tokens_per_minute / 60, reason, user_id, plan, day])
+        return None if reply is None else int(reply)
 
     async def expired(self, now: float | None = None) -> list[str]:
         """Generation ids whose reservation expired unsettled, oldest first."""

@@ -7,10 +7,17 @@ A query word is a prefix range inside one partition: a search reads one small pa
 on the replicas of that user, never the whole ring, and partitions stay small because a user's
 vocabulary is spread over hundreds of them. Rows are keyed, so indexing again changes nothing.
 A retitled conversation leaves its old words behind; hits are checked against the current text.
+
+The index holds no word in clear (message text is sealed everywhere else): a row's term is a SHA-256 of
+(user, word prefix), for each prefix of 2 to ``PREFIX_MAX`` letters, and its partition is that hash's first
+byte. A query word is looked up by the hash of its first ``PREFIX_MAX`` letters and every hit is checked
+against the message as it reads now. A hash is not encryption: whoever reads the table and guesses a word
+can confirm it; deleting a conversation removes its rows.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -25,6 +32,7 @@ MAX_WORDS_INDEXED = 400  # of one message: a long reply is found by its first 40
 MAX_QUERY_WORDS = 6
 ROWS_PER_WORD = 2000  # read at most this many hits of one query word
 TITLE = ""  # message_id of a conversation's title row
+PREFIX_MAX = 8  # prefixes up to this long are indexed; longer query words are checked against the text
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,16 @@ def words(text: str, limit: int = MAX_WORDS_INDEXED) -> list[str]:
     return list(out)
 
 
+def blind(user_id: str, prefix: str) -> tuple[str, str]:
+    """(bucket, term) of one word prefix of one user's index."""
+    digest = hashlib.sha256(f"{user_id}\x00{prefix}".encode()).hexdigest()
+    return digest[:2], digest
+
+
+def terms(user_id: str, word: str) -> list[tuple[str, str]]:
+    return [blind(user_id, word[:n]) for n in range(2, min(len(word), PREFIX_MAX) + 1)]
+
+
 def matches(text: str, query_words: list[str]) -> bool:
     have = WORD.findall(fold(text))
     return all(any(w.startswith(q) for w in have) for q in query_words)
@@ -75,12 +93,23 @@ class SearchIndex:
         """Index a message (or, with ``message_id=TITLE``, a title); idempotent."""
         cql = ("INSERT INTO search_terms (user_id, bucket, term, conversation_id, message_id, turn) "
                "VALUES (?, ?, ?, ?, ?, ?)")
-        by_bucket: dict[str, list[str]] = {}
+        by_bucket: dict[str, set[str]] = {}
         for w in words(text):
-            by_bucket.setdefault(w[:2], []).append(w)
+            for bucket, term in terms(user_id, w):
+                by_bucket.setdefault(bucket, set()).add(term)
         # One unlogged batch per partition: a single-partition batch is one write on each replica.
         await asyncio.gather(*(self.db.batch(cql, [(user_id, b, w, conversation_id, message_id, turn) for w in ws])
                                for b, ws in by_bucket.items()))
+
+    async def forget(self, user_id: str, conversation_id: str, texts: list[str]) -> int:
+        """Remove a conversation's rows for the words of ``texts`` (its messages and title, read before its key
+        is destroyed); how many words. A range delete per word: (term, conversation_id) prefixes the key."""
+        found = sorted({w for text in texts for w in words(text)})
+        rows = {bt for w in found for bt in terms(user_id, w)}
+        await asyncio.gather(*(self.db.execute(
+            "DELETE FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ? AND conversation_id = ?",
+            (user_id, bucket, term, conversation_id)) for bucket, term in rows))
+        return len(found)
 
     async def search(self, user_id: str, query: str, limit: int = 20) -> list[Hit]:
         """Messages and titles holding every word of ``query`` (each as a word prefix), newest first."""
@@ -104,9 +133,10 @@ class SearchIndex:
         return hits
 
     async def _lookup(self, user_id: str, word: str) -> dict[tuple[str, str], int]:
+        bucket, term = blind(user_id, word[:PREFIX_MAX])
         rows = await self.db.execute(
             "SELECT conversation_id, message_id, turn FROM search_terms WHERE user_id = ? AND bucket = ? "
-            f"AND term >= ? AND term < ? LIMIT {ROWS_PER_WORD}", (user_id, word[:2], word, word + "\U0010ffff"))
+            f"AND term = ? LIMIT {ROWS_PER_WORD}", (user_id, bucket, term))
         return {(r.conversation_id, r.message_id): r.turn for r in rows}
 
     async def _check(self, user_id: str, conversation_id: str, message_id: str, turn: int,

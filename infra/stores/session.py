@@ -12,7 +12,7 @@ from typing import Any
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
-from cassandra.policies import DCAwareRoundRobinPolicy
+from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from infra.config.settings import Settings
@@ -29,6 +29,9 @@ class _PreparedKeyspaceNotice(logging.Filter):
 logging.getLogger("cassandra.protocol").addFilter(_PreparedKeyspaceNotice())
 
 
+RECONNECT_MAX_S = 5.0
+
+
 def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Session]:
     """A cluster and a session; ``keyspace=""`` means the configured one, ``None`` means none."""
     cluster = Cluster(
@@ -39,6 +42,10 @@ def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Ses
             consistency_level=ConsistencyLevel.name_to_value[settings.cassandra_consistency])},
         protocol_version=5,
         connect_timeout=10,
+        # The driver's default backoff grows to 600 s, so a client kept answering 503 for about a minute
+        # after Cassandra was back. Capped at 5 s: at most one probe every 5 s per host while it is down.
+        reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=RECONNECT_MAX_S,
+                                                          max_attempts=None),  # never give up on a host
     )
     session = cluster.connect()
     # No `USE`: AsyncSession names the keyspace on each prepared statement instead.

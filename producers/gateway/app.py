@@ -9,7 +9,6 @@ from aiokafka.errors import KafkaError
 from cassandra import DriverException
 from cassandra.cluster import NoHostAvailable
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -18,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infra.config.settings import Settings
 from producers.gateway import openai_compat
-from producers.gateway.errors import ApiError, unavailable
+from producers.gateway.errors import ApiError, from_framework, unavailable
 from producers.gateway.state import Gateway
 
 log = logging.getLogger(__name__)
@@ -97,13 +96,16 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """No route for this path (404) or method (405): OpenAI's shape for OpenAI's paths and anything
-        unknown under /v1 (an OpenAI client calling an endpoint Parley lacks); FastAPI's own elsewhere."""
+        unknown under /v1 (an OpenAI client calling an endpoint Parley lacks); the native shape elsewhere."""
         path = request.url.path
         if exc.status_code in (404, 405) and (openai_compat.applies(path) or (
                 path.startswith("/v1/") and exc.status_code == 404)):
             body = openai_compat.unknown_route(request.method, path, exc.status_code)
             return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-        return await http_exception_handler(request, exc)  # type: ignore[return-value]
+        # Everything else (405 on native routes, an unreadable body) in the documented error shape.
+        response = _render(request, from_framework(exc.status_code, exc.detail))
+        response.headers.update(exc.headers or {})  # 405's Allow
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -113,6 +115,17 @@ def install_error_handlers(app: FastAPI) -> None:
             problems.append("the body is not valid JSON" if err.get("type") == "json_invalid"
                             else f"{where}: {err.get('msg')}")
         return _render(request, ApiError(422, "invalid_request", "; ".join(problems)))
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def not_unicode(request: Request, exc: UnicodeEncodeError) -> JSONResponse:
+        # A lone surrogate that slipped past the models' checks: bad input, not a server fault.
+        return _render(request, ApiError(422, "invalid_text", "The text is not valid Unicode (a lone surrogate)."))
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path)
+        return _render(request, ApiError(500, "internal_error", "Something went wrong on our side; "
+                                                               "nothing was charged. Try again."))
 
     async def backend(request: Request, name: str, exc: Exception) -> JSONResponse:
         log.warning("backend %s unreachable: %s", name, type(exc).__name__)

@@ -30,5 +30,6 @@ def run(args: argparse.Namespace) -> int:
 
 def build(settings: Settings) -> FastAPI:
     pools = load_pools(settings)
-    quota = Quota(aioredis.Redis.from_url(settings.redis_url), load_plans(settings.plans_file))
+    # The deployment's scope: a release touches the scoped expiry set, like admission and settlement.
+    quota = Quota.configured(aioredis.Redis.from_url(settings.redis_url), load_plans(settings.plans_file), settings)
     return create_app(settings, {name: cfg.served_model_name for name, cfg in pools.items()}, quota=quota)

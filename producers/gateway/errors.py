@@ -1,6 +1,10 @@
 """Errors the gateway answers with: an HTTP status and a message a person can act on."""
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import BaseModel
+
 
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, retry_after: float | None = None) -> None:
@@ -34,3 +38,43 @@ def unauthorized(message: str = "Send 'Authorization: Bearer <token>'; `parley u
 def unavailable(backend: str) -> ApiError:
     return ApiError(503, "backend_unavailable", f"{backend} is not reachable right now; nothing was lost. "
                                                 "Try again in a few seconds.", retry_after=5)
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    retry_after_s: float | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error the native API answers: ``{"error": {"code", "message", "retry_after_s"?}}``."""
+
+    error: ErrorDetail
+
+
+WHY = {400: "bad request (a cursor or body this API cannot read)", 401: "no or bad token", 403: "not allowed here",
+       404: "missing, or someone else's", 409: "client_message_id already used with other content",
+       413: "message too long", 422: "invalid input", 429: "quota; see Retry-After",
+       503: "overloaded or a backend unreachable; see Retry-After"}
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses a route can answer."""
+    return {s: {"model": ErrorBody, "description": WHY[s]} for s in statuses}
+
+
+FRAMEWORK_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large",
+                   415: "unsupported_media_type"}
+
+
+def from_framework(status: int, detail: object) -> ApiError:
+    """Starlette's own errors (unknown path, wrong method, unreadable body) in the documented shape."""
+    if status == 404:
+        return ApiError(404, "not_found", "No such endpoint. The API is described at /docs.")
+    if status == 405:
+        return ApiError(405, "method_not_allowed", "That method is not allowed on this endpoint; see /docs.")
+    if status == 400:  # FastAPI's "error parsing the body": not UTF-8, or nested past the parser's depth
+        return ApiError(422, "invalid_json", "The request body could not be read: send UTF-8 JSON "
+                                             "(nested no deeper than a few hundred levels).")
+    message = detail if isinstance(detail, str) else "The request could not be handled."
+    return ApiError(status, FRAMEWORK_CODES.get(status, "error"), message)

@@ -17,6 +17,7 @@ import orjson
 from producers.gateway import sampling_params
 from producers.gateway.errors import ApiError
 from producers.gateway.sampling_params import CompatError, invalid
+from producers.gateway.text import first_non_unicode
 from schemas import GenerationFinished, Usage, id_time_ms
 from schemas.gateway import ChatTurn
 from schemas.sampling import Sampling, TokenLogprob
@@ -74,6 +75,10 @@ class ChatRequest:
 def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_chars: int) -> ChatRequest:
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")
+    bad_text = first_non_unicode(body)
+    if bad_text is not None:
+        raise CompatError(422, "invalid_text", f"'{bad_text}' is not valid Unicode text (it contains a lone "
+                                               "surrogate such as \\ud800).", bad_text)
     unknown = sorted(set(body) - KNOWN)
     if unknown:
         raise invalid(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.stores.crypto import KeyGone
 from infra.stores.sealing import Sealer
-from schemas import EventDecodeError, GenerationFinished, decode
+from schemas import EventDecodeError, GenerationFinished, RequestRefused, decode
 from topics.partitioning import partition_for
 from topics.replay import open_reader, read_to_end
 
@@ -96,6 +96,35 @@ class TokenRelay:
 
     def partition_of(self, generation_id: str) -> TopicPartition:
         return TopicPartition(self.topic, partition_for(generation_id, self.partitions))
+
+    async def check_offset(self, generation_id: str, offset: int) -> int | None:
+        """``offset`` as a resume point: None when it is another generation's event (no stream of this
+        one sent it); the partition's last offset when it lies past the end (nothing to replay; the
+        stream then ends with the final state, or follows a live generation from here)."""
+        reader = await open_reader(self.bootstrap, self.topic, key=generation_id, fetch_max_wait_ms=5,
+                                   max_partition_fetch_bytes=REPLAY_FETCH_BYTES)
+        tp = reader.partitions[0]
+        try:
+            end = reader.ends[tp]
+            if offset >= end:
+                return end - 1
+            if offset < (await reader.consumer.beginning_offsets([tp]))[tp]:
+                return offset  # aged out: the saved reply is served
+            reader.consumer.seek(tp, offset)
+            async for record in read_to_end(reader, tp, timeout_ms=500):
+                # A transaction marker's offset yields a later record first: only that exact one can be foreign.
+                foreign = record.offset == offset and (record.key or b"").decode() != generation_id
+                return None if foreign else offset
+            return offset
+        finally:
+            await reader.close()
+
+    async def final_event(self, generation_id: str, since_ms: int) -> tuple[int, Any] | None:
+        """The generation's last event (finished or refused) if the buffer holds it, else None."""
+        async for offset, event in self.replay(generation_id, None, since_ms):
+            if isinstance(event, (GenerationFinished, RequestRefused)):
+                return offset, event
+        return None
 
     async def replay(self, generation_id: str, after: int | None, since_ms: int) -> AsyncIterator[tuple[int, Any]]:
         """Events of one generation after offset ``after`` (or since ``since_ms``) up to the partition's end now."""

@@ -7,6 +7,8 @@ plain HTTP error (429/503 with Retry-After) before any stream starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import logging
 import uuid
 from typing import Any
@@ -14,27 +16,30 @@ from typing import Any
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
+from redis.exceptions import RedisError
 
 from infra.stores import keys
 from infra.stores.accounts import User
 from producers.gateway import metrics, openai_compat, sampling_params, submission
 from producers.gateway.auth import current_user, gateway_of
-from producers.gateway.errors import ApiError, not_found
+from producers.gateway.errors import ApiError, not_found, responses
 from producers.gateway.state import Gateway
 from producers.gateway.streaming import follow, saved_frames
+from producers.gateway.text import Text
 from schemas import MessageSubmitted, id_time_ms, new_id
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1", tags=["chat"])
+router = APIRouter(prefix="/v1", tags=["chat"], responses=responses(401, 422, 503))
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CMID_TTL_S = 24 * 3600
 
 
 class SendMessage(BaseModel):
-    content: str = Field(description="the user's message")
-    model: str | None = Field(default=None, description="model pool; default: the service's default pool")
-    client_message_id: str | None = Field(default=None, max_length=128,
-                                          description="retry key: the same id attaches to the same reply")
+    content: Text = Field(description="the user's message")
+    model: Text | None = Field(default=None, description="model pool; default: the service's default pool")
+    client_message_id: Text | None = Field(default=None, max_length=128,
+                                           description="retry key: the same id attaches to the same reply; "
+                                                       "reusing it with other content is a 409")
     # The OpenAI endpoint's sampling parameters (README); typed loosely so the one validator names the
     # parameter in its message.
     max_tokens: Any = None
@@ -72,8 +77,8 @@ class EditMessage(BaseModel):
 
 
 class Regenerate(BaseModel):
-    model: str | None = None
-    client_message_id: str | None = Field(default=None, max_length=128)
+    model: Text | None = None
+    client_message_id: Text | None = Field(default=None, max_length=128)
 
 
 @router.get("/models", tags=["models"])
@@ -85,8 +90,11 @@ async def models(request: Request, user: User = Depends(current_user)) -> dict[s
             "object": "list", "data": openai_compat.model_list(gw.models, gw.settings.default_pool)}
 
 
+SSE_OK: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {}}}}
+
+
 @router.post("/conversations/{conversation_id}/messages", response_class=StreamingResponse,
-             responses={200: {"content": {"text/event-stream": {}}}})
+             responses=SSE_OK | responses(404, 409, 413, 429))
 async def send_message(request: Request, conversation_id: str, body: SendMessage,
                        user: User = Depends(current_user)) -> StreamingResponse:
     gw = gateway_of(request)
@@ -119,7 +127,7 @@ async def edit(request: Request, conversation_id: str, message_id: str, body: Ed
 
 
 @router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
-             response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}})
+             response_class=StreamingResponse, responses=SSE_OK | responses(404, 409, 429))
 async def regenerate(request: Request, conversation_id: str, message_id: str, body: Regenerate | None = None,
                      user: User = Depends(current_user)) -> StreamingResponse:
     """A new sibling reply to the same user message (``message_id`` may name the user message or a reply)."""
@@ -138,7 +146,7 @@ async def regenerate(request: Request, conversation_id: str, message_id: str, bo
                          message_id=parent.message_id, parent_id=parent.message_id, regenerate=True)
 
 
-@router.post("/generations/{generation_id}/cancel", status_code=202)
+@router.post("/generations/{generation_id}/cancel", status_code=202, responses=responses(404))
 async def cancel(request: Request, generation_id: str, user: User = Depends(current_user)) -> dict[str, str]:
     gw = gateway_of(request)
     owner = await gw.owner(generation_id)
@@ -150,21 +158,33 @@ async def cancel(request: Request, generation_id: str, user: User = Depends(curr
 
 
 @router.get("/generations/{generation_id}/stream", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}}})
+            responses=SSE_OK | responses(404, 422))
 async def stream(request: Request, generation_id: str, user: User = Depends(current_user),
                  last_event_id: str | None = Header(default=None)) -> StreamingResponse:
     gw = gateway_of(request)
     owner = await gw.owner(generation_id)
     if owner is None or owner[0] != user.user_id:
         raise not_found("generation")
-    after = request.query_params.get("after", last_event_id)
+    after = _event_id(request.query_params.get("after", last_event_id))
+    if after is not None and (after := await gw.relay.check_offset(generation_id, after)) is None:
+        raise ApiError(422, "bad_last_event_id", "Last-Event-ID is an event id of another stream; "
+                                                 "resume with the last id this stream sent.")
+    if after is not None:
+        metrics.reconnected(user.plan)
+    return _sse(gw, generation_id, owner[1], after=after, queue=None, first=None)
+
+
+def _event_id(raw: str | None) -> int | None:
+    if raw in (None, ""):
+        return None
     try:
-        after_offset = int(after) if after not in (None, "") else None
+        value = int(raw)  # type: ignore[arg-type]
     except ValueError as exc:
         raise ApiError(422, "bad_last_event_id", "Last-Event-ID must be an event id this stream sent.") from exc
-    if after_offset is not None:
-        metrics.reconnected(user.plan)
-    return _sse(gw, generation_id, owner[1], after=after_offset, queue=None, first=None)
+    if value < 0:
+        raise ApiError(422, "bad_last_event_id", "Last-Event-ID must be an event id this stream sent "
+                                                 "(they are never negative).")
+    return value
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
@@ -196,11 +216,19 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
                   sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
     generation_id = new_id()
     cmid = client_message_id or f"auto-{uuid.uuid4().hex}"
-    claimed = await gw.redis.set(keys.client_message(conversation_id, cmid), generation_id, nx=True, ex=CMID_TTL_S)
+    claim_key, fingerprint = keys.client_message(conversation_id, cmid), _fingerprint(content)
+    claimed = await gw.redis.set(claim_key, f"{generation_id} {fingerprint}", nx=True, ex=CMID_TTL_S)
     if not claimed:  # a retry: attach to the generation the first request started
-        existing = (await gw.redis.get(keys.client_message(conversation_id, cmid))).decode()
-        log.info("client_message_id retry attaches to generation %s", existing)
-        return _sse(gw, existing, conversation_id, after=None, queue=None, first=None)
+        existing, _, was = ((await gw.redis.get(claim_key)) or b"").decode().partition(" ")
+        if was and was != fingerprint:
+            raise ApiError(409, "client_message_id_reused", "This client_message_id was already used for a "
+                                                            "different message. Use a new id for new content.")
+        if existing:
+            log.info("client_message_id retry attaches to generation %s", existing)
+            return _sse(gw, existing, conversation_id, after=None, queue=None, first=None)
+        if not await gw.redis.set(claim_key, f"{generation_id} {fingerprint}", nx=True, ex=CMID_TTL_S):
+            raise ApiError(409, "client_message_id_busy", "Another request with this client_message_id is "
+                                                          "starting right now; retry in a moment.")
     try:
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
@@ -208,8 +236,9 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
             parent_id=parent_id, regenerate=regenerate, edit_of=edit_of, gateway_id=gw.gateway_id,
             max_tokens=max_tokens, temperature=sampled.temperature if sampled else None,
             sampling=sampled.sampling if sampled else None))
-    except submission.Refused:
-        await gw.redis.delete(keys.client_message(conversation_id, cmid))  # a later retry may try again
+    except Exception:  # refused, or never acknowledged: a later retry with this id must start afresh
+        with contextlib.suppress(RedisError):
+            await gw.redis.delete(claim_key)
         raise
     return _sse(gw, generation_id, conversation_id, after=None, queue=accepted.queue, first=accepted.first,
                 on_event=accepted.watch.seen if accepted.watch else None)
@@ -219,17 +248,22 @@ async def _retracted(gw: Gateway, generation_id: str) -> bool:
     return bool(await gw.redis.exists(keys.generation_retracted(generation_id)))
 
 
+def _fingerprint(content: str) -> str:
+    return hashlib.sha256(content.encode()).hexdigest()[:16]
+
+
 def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | None,
          queue: asyncio.Queue[tuple[int, Any]] | None, first: list[tuple[int, Any]] | None,
          on_event: Any = None) -> StreamingResponse:
     async def saved() -> list[bytes]:
-        messages = await gw.conversations.all_messages(conversation_id)
+        messages = await gw.finished.current(await gw.conversations.all_messages(conversation_id))
         return saved_frames(next((m for m in messages if m.generation_id == generation_id
                                   and m.role == "assistant"), None))
 
     body = follow(gw.relay, generation_id, after=after, since_ms=id_time_ms(generation_id) - 2000, queue=queue,
                   first=first, keepalive_s=gw.keepalive_s, beat_every_s=gw.settings.reader_timeout_s / 3,
                   heartbeat=lambda: gw.reader_beat(generation_id),
-                  saved=saved, retracted=lambda: _retracted(gw, generation_id), on_event=on_event)
+                  saved=saved, retracted=lambda: _retracted(gw, generation_id), on_event=on_event,
+                  worker_alive=gw.worker_alive)
     headers = dict(SSE_HEADERS, **{"X-Generation-Id": generation_id})
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)

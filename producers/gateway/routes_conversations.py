@@ -14,14 +14,15 @@ from infra.stores.conversations import SOURCES, Conversation, Message
 from infra.stores.search import TITLE
 from producers.gateway import deletion
 from producers.gateway.auth import current_user, gateway_of
-from producers.gateway.errors import ApiError, not_found
+from producers.gateway.errors import ApiError, not_found, responses
+from producers.gateway.text import Text
 
-router = APIRouter(prefix="/v1", tags=["conversations"])
+router = APIRouter(prefix="/v1", tags=["conversations"], responses=responses(401, 422, 503))
 
 
 class NewConversation(BaseModel):
-    title: str | None = Field(default=None, max_length=200)
-    model: str | None = None
+    title: Text | None = Field(default=None, max_length=200)
+    model: Text | None = None
 
 
 @router.post("/conversations", status_code=201)
@@ -31,18 +32,21 @@ async def create_conversation(request: Request, body: NewConversation | None = N
     if body and body.model and body.model not in gw.models:
         raise ApiError(422, "unknown_model", f"Unknown model {body.model!r}. Choose one of: {', '.join(gw.models)}.")
     keep = not gw.keeps_nothing(user)  # a no-retention plan's conversations are neither listed nor titled
-    conv = await gw.conversations.create(user.user_id, model=body.model if body else None,
-                                         title=body.title if body and keep else None, listed=keep)
+    title = body.title if body and keep else None
+    # An untitled conversation enters the list with its first reply: a send refused before any reply
+    # leaves no "New conversation" behind. One the client named is listed at once.
+    conv = await gw.conversations.create(user.user_id, model=body.model if body else None, title=title,
+                                         listed=keep and title is not None)
     if conv.title:
         await gw.search.index(user.user_id, conv.conversation_id, TITLE, -1, conv.title)
     return {"conversation_id": conv.conversation_id}
 
 
 class Rename(BaseModel):
-    title: str = Field(description="the new title: 1 to 200 characters, one line")
+    title: Text = Field(description="the new title: 1 to 200 characters, one line")
 
 
-@router.patch("/conversations/{conversation_id}")
+@router.patch("/conversations/{conversation_id}", responses=responses(404))
 async def rename_conversation(request: Request, conversation_id: str, body: Rename,
                               user: User = Depends(current_user)) -> dict[str, Any]:
     gw = gateway_of(request)
@@ -60,7 +64,7 @@ async def rename_conversation(request: Request, conversation_id: str, body: Rena
     return {"conversation_id": conversation_id, "title": title}
 
 
-@router.delete("/conversations/{conversation_id}", status_code=204)
+@router.delete("/conversations/{conversation_id}", status_code=204, responses=responses(404))
 async def delete_conversation(request: Request, conversation_id: str,
                               user: User = Depends(current_user)) -> Response:
     """Hidden at once everywhere, replies still generating are stopped, and its text can no longer be read
@@ -89,32 +93,32 @@ async def delete_all(request: Request, user: User = Depends(current_user)) -> di
     return {"deleted": count}
 
 
-@router.get("/conversations")
+@router.get("/conversations", responses=responses(400))
 async def list_conversations(request: Request, cursor: str | None = None, limit: int = Query(20, ge=1, le=100),
                              source: str = Query("page", description="page (the sidebar), api (made by the "
                                                  "OpenAI-compatible endpoints) or all"),
                              user: User = Depends(current_user)) -> dict[str, Any]:
     if source not in (*SOURCES, "all"):
         raise ApiError(422, "bad_source", f"source must be one of {', '.join(SOURCES)}, all; got {source!r}.")
-    try:
-        items, next_cursor = await gateway_of(request).conversations.list_for_user(
-            user.user_id, cursor, limit, source=None if source == "all" else source)
-    except (ValueError, TypeError) as exc:
-        raise ApiError(422, "bad_cursor", "That cursor is not one this API gave out.") from exc
+    gw, scope = gateway_of(request), f"conversations:{user.user_id}:{source}"
+    items, inner = await gw.conversations.list_for_user(user.user_id, gw.cursors.open(scope, cursor), limit,
+                                                        source=None if source == "all" else source)
+    next_cursor = gw.cursors.sign(scope, inner)
     return {"items": [{"conversation_id": c.conversation_id, "title": c.title, "model": c.model,
                        "updated_at": _iso(c.updated_at), "source": c.source} for c in items],
             "next_cursor": next_cursor}
 
 
-@router.get("/conversations/{conversation_id}/messages")
+@router.get("/conversations/{conversation_id}/messages", responses=responses(400, 404))
 async def list_messages(request: Request, conversation_id: str, cursor: str | None = None,
                         limit: int = Query(100, ge=1, le=500), user: User = Depends(current_user)) -> dict[str, Any]:
     gw = gateway_of(request)
+    scope = f"messages:{conversation_id}"
+    inner = gw.cursors.open(scope, cursor)  # before any store sees it, ownership checked or not
     conv = await _owned(gw, conversation_id, user)
-    try:
-        items, next_cursor = await gw.conversations.messages(conversation_id, cursor, limit)
-    except (ValueError, TypeError) as exc:
-        raise ApiError(422, "bad_cursor", "That cursor is not one this API gave out.") from exc
+    items, inner = await gw.conversations.messages(conversation_id, inner, limit)
+    next_cursor = gw.cursors.sign(scope, inner)
+    items = await gw.finished.current(items)  # a reply whose end was streamed shows final, saved or not
     return {"conversation_id": conversation_id, "title": conv.title, "model": conv.model,
             "items": [message_json(m) for m in items], "next_cursor": next_cursor}
 

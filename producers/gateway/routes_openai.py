@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from infra.stores.accounts import User
 from producers.gateway import jobs as jobs_
@@ -39,7 +40,27 @@ from schemas import (
 from schemas.sampling import TokenLogprob
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error shape, so its clients raise their own exceptions."""
+
+    error: OpenAIErrorDetail
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": OpenAIError, "description": why} for s, why in {
+        400: "invalid or unsupported parameter", 401: "invalid_api_key", 404: "model_not_found",
+        422: "text that is not valid Unicode", 429: "rate_limit_exceeded or insufficient_quota",
+        500: "the model failed", 503: "overloaded or backend_unavailable"}.items()}
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERRORS)
 EXAMPLE = {"model": "large", "messages": [{"role": "user", "content": "What is the capital of France?"}],
            "stream": False, "max_tokens": 64, "temperature": 0.7, "top_p": 0.9, "stop": ["\n\n"], "seed": 1}
 
@@ -80,8 +101,9 @@ async def submit_choices(gw: Gateway, user: User, chat: compat.ChatRequest) -> l
     try:
         for index in range(chat.n):
             keep = not gw.keeps_nothing(user)  # no-retention: not listed, no title
+            # Listed once its reply is saved: a refused call leaves no conversation in the list.
             conv = await gw.conversations.create(user.user_id, model=chat.pool, title=chat.title if keep else None,
-                                                 source="api", listed=keep)
+                                                 source="api", listed=False)
             message_id = new_id()  # before the generation id: the user message sorts before its reply
             generation_id = new_id()
             accepted = await submission.submit(gw, user, MessageSubmitted(

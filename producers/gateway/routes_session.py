@@ -15,17 +15,19 @@ from pydantic import BaseModel, Field
 from infra.config.settings import is_loopback
 from infra.stores.accounts import User
 from producers.gateway.auth import SESSION_COOKIE, check_same_origin, gateway_of
-from producers.gateway.errors import ApiError, unauthorized
+from producers.gateway.errors import ApiError, responses, unauthorized
+from producers.gateway.text import Text
 
 router = APIRouter(prefix="/v1", tags=["session"])
 
 
 class SignIn(BaseModel):
-    token: str = Field(description="a bearer token (`parley user create` or `parley up` prints one)")
+    token: Text = Field(description="a bearer token (`parley user create` or `parley up` prints one)")
 
 
 class DemoUser(BaseModel):
-    plan: Literal["free", "paid"] = "free"
+    # Free only: anyone who can reach a local gateway may make one, and paid traffic jumps the queue.
+    plan: Literal["free"] = Field(default="free", description="demo users are always on the free plan")
 
 
 @router.get("/session")
@@ -36,7 +38,7 @@ async def who_am_i(request: Request) -> dict[str, Any]:
     return {"user": _user_json(user) if user else None, "local_mode": _local(request)}
 
 
-@router.post("/session")
+@router.post("/session", responses=responses(401, 422, 503))
 async def sign_in(request: Request, body: SignIn, response: Response) -> dict[str, Any]:
     check_same_origin(request, required=False)  # no signing a browser into someone else's account from another site
     token = body.token.strip()
@@ -56,15 +58,14 @@ async def sign_out(request: Request, response: Response) -> None:
     response.delete_cookie(SESSION_COOKIE, path="/", secure=_tls(request), httponly=True, samesite="strict")
 
 
-@router.post("/session/demo", status_code=201)
+@router.post("/session/demo", status_code=201, responses=responses(403, 422, 503))
 async def demo_user(request: Request, response: Response, body: DemoUser | None = None) -> dict[str, Any]:
     """A fresh user, signed in at once. Local mode only: anyone who can reach this gets an account."""
     check_same_origin(request, required=False)
     if not _local(request):
         raise ApiError(403, "not_local", "Demo users can only be made on a local service. "
                                          "Sign in with a token from `parley user create`.")
-    plan = body.plan if body else "free"
-    user, token = await gateway_of(request).accounts.create_user(plan, "demo")
+    user, token = await gateway_of(request).accounts.create_user("free", "demo")
     await _start_session(request, response, user)
     return {"user": _user_json(user), "token": token}
 

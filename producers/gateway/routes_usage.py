@@ -7,9 +7,9 @@ from fastapi import APIRouter, Depends, Request
 
 from infra.stores.accounts import User
 from producers.gateway.auth import current_user, gateway_of
-from producers.gateway.errors import ApiError
+from producers.gateway.errors import ApiError, responses
 
-router = APIRouter(prefix="/v1", tags=["usage"])
+router = APIRouter(prefix="/v1", tags=["usage"], responses=responses(401, 422, 503))
 
 
 @router.get("/usage")

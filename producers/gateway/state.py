@@ -18,11 +18,13 @@ from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.accounts import Accounts, User
 from infra.stores.conversations import Conversations
+from infra.stores.finished import FinishedReplies
 from infra.stores.page_sessions import PageSessions
 from infra.stores.records import Records
 from infra.stores.sealing import Sealer, configured
 from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession, connect
+from producers.gateway.cursors import Cursors, cursor_key
 from producers.gateway.relay import TokenRelay
 from topics import Role, Topics
 from topics.catalogue import CONTROL, DELETIONS, GATEWAY, REQUESTS, TOKENS
@@ -46,6 +48,8 @@ class Gateway:
     accounts: Accounts = field(init=False)
     conversations: Conversations = field(init=False)
     records: Records = field(init=False)
+    finished: FinishedReplies = field(init=False)
+    cursors: Cursors = field(init=False)
     sessions: PageSessions = field(init=False)
     search: SearchIndex = field(init=False)
     sealer: Sealer = field(init=False)
@@ -55,6 +59,7 @@ class Gateway:
     _auth_cache: dict[str, tuple[float, User]] = field(default_factory=dict)
 
     async def start(self) -> None:
+        self.cursors = Cursors(cursor_key(self.settings))
         self.plans = self.plans or load_plans(self.settings.plans_file)
         self.topics = Topics(self.settings.topic_prefix)
         self.producer = make_producer(self.settings.kafka_bootstrap)
@@ -65,6 +70,7 @@ class Gateway:
         self.sealer = configured(self.settings, db)
         self.accounts = Accounts(db)
         self.conversations, self.records = Conversations(db, self.sealer), Records(db, self.sealer)
+        self.finished = FinishedReplies(self.redis, sealer=self.sealer)
         self.relay = TokenRelay(self.settings.kafka_bootstrap, self.topics.tokens, self.sealer)
         await self.relay.start()
         self.sessions = PageSessions(self.redis, self.settings.session_ttl_s)
@@ -118,6 +124,8 @@ class Gateway:
             pipe.expire(keys.conversation_generations(conversation_id), OWNER_TTL_S)
             await pipe.execute()
 
+    async def worker_alive(self, worker_id: str) -> bool:
+        return bool(await self.redis.exists(keys.worker_alive(worker_id)))
     def keeps_nothing(self, user: User) -> bool:
         plan = self.plans.get(user.plan)
         return plan is not None and plan.no_retention

@@ -56,8 +56,10 @@ async def test_send_stream_and_reload_history(http: httpx.AsyncClient, alice: Ca
     user_msgs = [m for m in await history(http, alice, cid) if m["role"] == "user"]
     assert [m["content"] for m in user_msgs] == [QUESTION] and user_msgs[0]["status"] == "complete"
     assert reply["parent_id"] == user_msgs[0]["message_id"]
-    listed = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]
-    assert listed[0]["conversation_id"] == cid  # the conversation just used is newest
+    async def newest():  # type: ignore[no-untyped-def]  # listed once persistence saved the reply
+        items = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]
+        return items[0]["conversation_id"] if items else None
+    assert await eventually(newest, 10) == cid  # the conversation just used is newest
 
     async def titled():  # type: ignore[no-untyped-def]
         items = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]

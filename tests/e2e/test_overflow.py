@@ -20,7 +20,7 @@ from infra.config.settings import Settings
 from tests.e2e.client import Frame, collect, frames, text_of
 from tests.e2e.conftest import ARTIFACTS, Caller, _make_user
 from tests.e2e.service import Service, launch
-from tests.e2e.test_chat import new_conversation, saved_reply
+from tests.e2e.test_chat import history, new_conversation, saved_reply
 
 PLANS = Path(__file__).with_name("data") / "plans-overflow.toml"
 FREE_LIMIT_S = 5.0  # plans-overflow.toml; the scheduler assumes 0.1 replies/s per sequence before it has seen any
@@ -104,7 +104,7 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
                                      json={"content": "Name a lighthouse."}) as r:
                 if r.status_code == 503:
                     await r.aread()
-                    refused, elapsed = r, asyncio.get_running_loop().time() - t0
+                    refused, elapsed, refused_user = r, asyncio.get_running_loop().time() - t0, who
                     if stuck:
                         break
                     continue
@@ -119,6 +119,11 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
         assert int(refused.headers["retry-after"]) >= 1
         body = refused.json()
         assert "busy" in body["error"]["message"] and "limit" in body["error"]["message"], body
+        # The refusal gave back the reservation and the running slot in the same step and cost nothing.
+        usage = (await client.get("/v1/usage", headers=refused_user.headers)).json()
+        assert (usage["reserved"], usage["running"], usage["used"]) == (0, 0, 0), usage
+        refused_messages = [m for m in await history(client, refused_user, cid) if m["role"] == "assistant"]
+        assert all(m["status"] != "generating" for m in refused_messages)  # the placeholder was ended
 
         # 5. A prepared question is still answered, marked as prepared, by no model.
         canned = CannedReplies.load()
@@ -131,6 +136,15 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
         assert got[-1].event == "message_end"
         saved = await saved_reply(client, users["asker"], cid, got[0].data["generation_id"])
         assert saved["content"] == canned.reply_for("What can you do?") and saved["pool"] == CANNED_POOL
+
+        # 6. The user refused in step 4 can start two replies at once right after (prepared ones here:
+        #    nothing else answers now); before, the refused request held one of the two slots for 5 minutes.
+        async def prepared() -> int:
+            conv = await new_conversation(client, refused_user)
+            async with client.stream("POST", f"/v1/conversations/{conv}/messages", headers=refused_user.headers,
+                                     json={"content": "What can you do?"}) as r:
+                return r.status_code
+        assert await asyncio.gather(prepared(), prepared()) == [200, 200]
     finally:
         for task in held:
             task.cancel()

@@ -10,6 +10,7 @@ from tests.e2e.conftest import Caller
 from tests.e2e.test_page import OpenPage, browser, open_page  # noqa: F401 - the page fixtures
 
 LINK = "#conversation-list a[href='#/c/{}']"
+ITEM = "a[href='#/c/{}']"  # inside one list item
 
 
 def answer_dialogs(page: Any, replies: list[str | None]) -> list[str]:
@@ -37,7 +38,7 @@ async def test_rename_and_delete_from_the_sidebar(open_page: OpenPage, http: htt
     seen = answer_dialogs(page, ["Holiday plans", None, ""])
     await page.locator(LINK.format(keep)).wait_for()
 
-    item = page.locator("#conversation-list li", has=page.locator(LINK.format(keep)))
+    item = page.locator("#conversation-list li", has=page.locator(ITEM.format(keep)))
     await item.hover()
     await item.locator("button.rename").click()
     await until(page, f"document.querySelector(\"{LINK.format(keep)}\").textContent === 'Holiday plans'")
@@ -46,7 +47,7 @@ async def test_rename_and_delete_from_the_sidebar(open_page: OpenPage, http: htt
     assert titles[keep] == "Holiday plans"
     await shot(page, "privacy-01-renamed")
 
-    item = page.locator("#conversation-list li", has=page.locator(LINK.format(doomed)))
+    item = page.locator("#conversation-list li", has=page.locator(ITEM.format(doomed)))
     await item.hover()
     await item.locator("button.delete").click()  # dismissed: nothing happens
     assert await page.locator(LINK.format(doomed)).count() == 1

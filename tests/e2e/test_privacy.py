@@ -149,7 +149,9 @@ async def test_delete_mid_reply_hides_everywhere_stops_it_and_purges(
             await sealer.open(event)
     opened = [await sealer.open(e) for _, e in await raw_records(service.settings, live)]
     assert any(getattr(e, "content", "") == f"Say hello to {secret}x." for e in opened)
-    assert "".join(e.text for e in opened if type(e).__name__ == "TokensAppended") == text_of(live_fs)
+    reply_gid = live_fs[0].data["generation_id"]  # (its title's tokens share the conversation)
+    assert "".join(e.text for e in opened if type(e).__name__ == "TokensAppended"
+                   and e.generation_id == reply_gid) == text_of(live_fs)
 
 
 async def raw_audit(settings: Settings) -> list[Any]:

@@ -9,11 +9,14 @@ import pytest
 
 from consumers.prompt.builder import PromptBuilder
 from consumers.prompt.tokenizer import tokenizer_for
+from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.local.model import ready_pool as load_pool
-from infra.stores.conversations import Conversations
-from infra.stores.records import Records
-from schemas import PromptBuilt, RequestAdmitted, new_id
+from infra.stores.conversations import Conversations, Message
+from infra.stores.quota import Quota
+from infra.stores.quota_outcomes import Reservation
+from infra.stores.records import Records, Summary
+from schemas import PromptBuilt, RequestAdmitted, RequestRefused, new_id
 from topics import Topics
 
 
@@ -74,3 +77,55 @@ async def test_a_redelivery_after_a_later_message_keeps_its_turn(builder: Prompt
     assert users == [(0, "First question."), (1, "Second question.")]
     assert sorted((m.turn, m.message_id) for m in saved if m.role == "assistant") == \
         sorted([(0, first.generation_id), (1, second.generation_id)])
+
+
+async def _long_history(db: Any, cid: str, turns: int) -> None:
+    convs = Conversations(db)
+    for t in range(turns):
+        user = Message(cid, t, new_id(), "user", f"Turn {t}: " + "tell me about the harbour " * 20)
+        await convs.save_message(user)
+        await convs.save_message(Message(cid, t, new_id(), "assistant", "The harbour is calm today. " * 12,
+                                         status="complete", parent_id=user.message_id))
+
+
+async def test_a_long_history_fits_each_pool_window_and_asks_for_a_summary(db: Any, settings: Settings,
+                                                                         redis_client: Any) -> None:
+    tok = tokenizer_for(str(load_pool("large", settings).model_path))
+    windows = {"large": 2048, "small": 1024}  # a smaller overflow pool: the request is fitted for it too
+    builder = PromptBuilder(Conversations(db), Records(db), Topics(settings.topic_prefix), lambda _: tok, 6000,
+                            windows.__getitem__, redis=redis_client)
+    cid = new_id()
+    await _long_history(db, cid, 30)  # about 6,000 tokens of history
+    outs = await builder.handle(admitted(cid, "cm-long", "And what about the lighthouse?"))
+    built = outs[0].event
+    assert isinstance(built, PromptBuilt) and built.max_tokens == 64
+    assert 2048 - 64 - 200 < len(built.prompt_token_ids) <= 2048 - 64  # the whole window, measured
+    assert 0 < built.turns_kept < 31 and not built.summary_used  # no summary exists yet
+    [small] = built.alternates
+    assert small.pool == "small" and small.prompt_token_ids and len(small.prompt_token_ids) <= 1024 - 64
+    summary = [o.event for o in outs[1:]]
+    assert len(summary) == 1 and summary[0].purpose == "summary" and summary[0].pool == "small"
+    assert summary[0].turn == 30 - built.turns_kept and len(summary[0].prompt_token_ids) <= 1024 - 160
+    again = await builder.handle(admitted(cid, "cm-long-2", "One more?"))
+    assert [type(o.event) for o in again] == [PromptBuilt]  # one summary in flight at a time
+
+    await Records(db).save_summary(Summary(cid, summary[0].turn, "They discussed the calm harbour.", 8))
+    used = (await builder.handle(admitted(cid, "cm-long-3", "And the boats?")))[0].event
+    assert used.summary_used and "calm harbour" in tok._tok.decode(used.prompt_token_ids)
+
+
+async def test_a_lone_message_too_long_is_refused_and_released(db: Any, settings: Settings,
+                                                              redis_client: Any) -> None:
+    tok = tokenizer_for(str(load_pool("large", settings).model_path))
+    plans = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
+    quota = Quota(redis_client, plans, scope=settings.topic_prefix)
+    builder = PromptBuilder(Conversations(db), Records(db), Topics(settings.topic_prefix), lambda _: tok, 6000,
+                            lambda _: 2048, quota=quota, redis=redis_client)
+    req = admitted(new_id(), "cm-huge", "word " * 2_100)
+    assert isinstance(await quota.reserve("u-huge-" + req.generation_id, "paid", req.generation_id, 800),
+                      Reservation)
+    outs = await builder.handle(req)
+    assert [type(o.event) for o in outs] == [RequestRefused] and outs[0].event.status == 413
+    snap = await quota.snapshot("u-huge-" + req.generation_id, "paid")
+    assert (snap["reserved"], snap["running"], snap["used"]) == (0, 0, 0)
+    assert await Conversations(db).all_messages(req.conversation_id) == []  # nothing saved for it

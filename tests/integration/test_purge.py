@@ -22,6 +22,7 @@ from infra.stores.crypto import DataKeys, LocalTenantKeys
 from infra.stores.purging import mark_deleted
 from infra.stores.records import Records, Summary
 from infra.stores.sealing import Sealer
+from infra.stores.search import SearchIndex, blind
 from schemas import ConversationDeleted, ConversationPurged, decode, new_id
 from topics import Topics
 from topics.clients import make_consumer, make_producer, send
@@ -49,6 +50,7 @@ async def seed(db: Any, redis: Any, sealer: Sealer, user_id: str, exchanges: int
                                                  generation_id=gen, client_message_id=f"cm-{turn}"))
         await conversations.save_message(Message(cid, turn, gen, "assistant", PHRASE.format(f"r{turn}"),
                                                  generation_id=gen, parent_id=f"u-{turn}"))
+        await SearchIndex(db, conversations).index(user_id, cid, f"u-{turn}", turn, PHRASE.format(turn))
         await records.save_generation(generation_id=gen, conversation_id=cid, user_id=user_id, message_id=gen,
                                       user_message_id=f"u-{turn}", turn=turn, status="complete", model_pool="small")
         await redis.set(keys.generation_owner(gen), f"{user_id} {cid}")
@@ -105,11 +107,15 @@ async def test_delete_hides_at_once_and_the_purge_leaves_nothing(settings: Setti
     assert PHRASE.format(0) in {m.content for m in await Conversations(db, sealer).all_messages(cid)}
 
     conversations = Conversations(db, sealer)
+    assert await db.execute("SELECT * FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ?",
+                            (user, *blind(user, "zebra")))  # indexed (blind) while it lived
     cancelled = await mark_deleted(conversations, sealer.keys, redis_client, cid, user)
     assert set(cancelled) == set(gens)
     assert await conversations.get(cid) is None  # hidden at once
     assert cid not in {c.conversation_id for c in (await conversations.list_for_user(user))[0]}
     assert not await redis_client.exists(keys.generation_owner(gens[0]))  # cancel/resume: 404 at once
+    assert not await db.execute("SELECT * FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ?",
+                                (user, *blind(user, "zebra")))  # out of search at once
     assert all(m.content == "" for m in await conversations.all_messages(cid))  # key gone: no text reads
 
     stage = purge_stage.build_stage(settings.with_(purge_delay_s=0.0), db, redis_client, sealer.keys)

@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
+
 from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.stores import keys
@@ -54,8 +56,7 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
         assert isinstance(reserved, Reservation)
         day = reserved.day
         replies.append(finished(gen, user, 300 + i, 10 * i, ("complete", "stopped", "failed")[i % 3]))
-    want = {u: sum(r.usage.prompt_tokens + r.usage.completion_tokens for r in replies if r.user_id == u)
-            for u in users}
+    want = {u: sum(sum(settlement.charge_for(r)) for r in replies if r.user_id == u) for u in users}  # failed: 0
     # A previous settlement incarnation settled this one and died before publishing its usage.
     crashed = replies[3]
     assert await quota.settle(crashed.generation_id, crashed.usage.prompt_tokens,
@@ -109,9 +110,10 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
             assert (snap["used"], snap["reserved"], snap["running"], snap["replies"]) == (want[user], 0, 0, 5)
             row = await records.usage_day(user, day)
             assert row is not None
+            charged = [r for r in mine if r.status != "failed"]  # a failed reply is recorded, charged 0
             assert (row.tokens_in, row.tokens_out, row.tokens_cached, row.replies) == (
-                sum(r.usage.prompt_tokens for r in mine), sum(r.usage.completion_tokens for r in mine),
-                sum(r.usage.cached_prompt_tokens for r in mine), 5)
+                sum(r.usage.prompt_tokens for r in charged), sum(r.usage.completion_tokens for r in charged),
+                sum(r.usage.cached_prompt_tokens for r in charged), 5)
         published = await _usage(settings)
         assert {u.generation_id for u in published} == {r.generation_id for r in replies}
         assert len(published) >= 11  # the duplicate really reached the rollup, which counted it once
@@ -131,6 +133,16 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
     mismatches, _ = await billing.replay(settings, since, until, redis=redis_client, records=records)
     assert [(m.user_id, m.store, m.field, m.expected, m.found) for m in mismatches] == [
         (users[0], "redis", "used", want[users[0]], want[users[0]] + 1)]
+    # A charge with no finished reply behind it (what the reaper used to do with an estimate) is named too.
+    orphan = (await quota.settled(replies[1].generation_id)).usage_recorded()  # type: ignore[union-attr]
+    ghost = msgspec.structs.replace(orphan, generation_id=uuid.uuid4().hex, charged_tokens=9_334)
+    producer = make_producer(settings.kafka_bootstrap)
+    await producer.start()
+    await send(producer, topics.usage, ghost, key=ghost.user_id)
+    await producer.stop()
+    mismatches, _ = await billing.replay(settings, since, until, redis=redis_client, records=records)
+    assert [(m.store, m.field, m.generation_id, m.expected, m.found) for m in mismatches if m.store == "replies"] \
+        == [("replies", "charged, no reply", ghost.generation_id, 0, 9_334)]
 
 
 async def _usage(settings: Settings) -> list[UsageRecorded]:

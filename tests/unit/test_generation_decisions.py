@@ -63,3 +63,11 @@ def test_status_mapping() -> None:
     assert status_for("abort", False) == "stopped"
     assert status_for("stop", True) == "stopped"
     assert status_for(None, False) == "failed"
+
+
+def test_a_request_older_than_the_token_buffer_is_stale() -> None:
+    from consumers.generation.decisions import STALE_REQUEST_S, is_stale
+
+    req = _req()
+    assert not is_stale(req, req.at + 5)
+    assert is_stale(req, req.at + STALE_REQUEST_S + 1)

@@ -37,12 +37,20 @@ async def test_a_finished_reply_is_saved_and_asks_the_small_pool_for_a_title_onc
     assert len(convs.messages) == 1
 
 
-async def test_a_titled_conversation_or_a_stopped_reply_asks_for_no_title() -> None:
+async def test_a_titled_conversation_or_a_reply_with_no_text_asks_for_no_title() -> None:
     titled, _, _ = persistence(title="Capitals")
     assert await titled.handle(finished()) == []
     fresh, convs, _ = persistence()
-    assert await fresh.handle(finished(status="stopped", text="Par")) == []
-    assert convs.messages[("c", 0, "g1")].status == "stopped"
+    assert await fresh.handle(finished(status="failed", text="")) == []  # e.g. a refusal closing its placeholder
+    assert convs.messages[("c", 0, "g1")].status == "failed"
+
+
+async def test_stopped_and_length_cut_replies_get_a_title_too() -> None:
+    for status in ("stopped", "length"):
+        fresh, convs, _ = persistence()
+        [(topic, request, _)] = await fresh.handle(finished(status=status, text="Par"))
+        assert request.purpose == "title" and topic.endswith("generate.small.free")
+        assert convs.messages[("c", 0, "g1")].status == status
 
 
 async def test_a_finished_title_is_cleaned_and_stored() -> None:
@@ -52,11 +60,13 @@ async def test_a_finished_title_is_cleaned_and_stored() -> None:
     assert convs.messages == {}  # a title is not a message
 
 
-async def test_a_summary_is_stored_only_when_complete() -> None:
+async def test_a_summary_is_stored_when_complete_or_cut_at_its_cap() -> None:
     p, _, records = persistence()
     await p.handle(finished(purpose="summary", text="  They talked about Paris.  ", gid="g1:summary"))
     await p.handle(finished(purpose="summary", text="half", status="failed", gid="g2:summary"))
-    assert [(s.summary, s.tokens) for s in records.summaries] == [("They talked about Paris.", 3)]
+    await p.handle(finished(purpose="summary", text="Cut at the cap", status="length", gid="g3:summary"))
+    assert [(s.summary, s.tokens) for s in records.summaries] == [("They talked about Paris.", 3),
+                                                                  ("Cut at the cap", 3)]
 
 
 async def test_a_no_retention_plan_saves_no_text_and_destroys_the_key_as_the_reply_ends() -> None:

@@ -1,10 +1,11 @@
 """The reaper's logic with a fake quota and a stand-in replay: settle from the reply when there is one,
-release with the prompt estimate when there is none, publish what settlement left unpublished."""
+release charging nothing when there is none, publish what settlement left unpublished."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import pytest
 
 from infra.config.settings import Settings
@@ -52,13 +53,22 @@ async def test_an_expired_reservation_with_a_reply_is_settled_from_the_reply(rep
     assert quota.markers["g1"].published
 
 
-async def test_a_reply_that_never_finished_is_released_charging_only_the_prompt_estimate(replies: list[Any]) -> None:
+async def test_a_reply_that_never_finished_is_released_charging_nothing(replies: list[Any]) -> None:
     quota = FakeQuota()
     quota.reserve("g1", prompt_tokens=40)
     r, producer = await reaper(quota)
+    assert await r.sweep(now=1_000.0) == []
+    assert quota.settle_calls == [] and quota.release_calls == [("g1", "expired")]  # never the prompt estimate
+    assert quota.markers["g1"].charged == 0 and producer.sent == []  # nothing charged, nothing to record
+
+
+async def test_a_failed_reply_in_the_log_is_settled_at_zero(replies: list[Any]) -> None:
+    quota = FakeQuota()
+    quota.reserve("g1")
+    replies.append(msgspec.structs.replace(finished("g1"), status="failed"))
+    r, _ = await reaper(quota)
     await r.sweep(now=1_000.0)
-    assert quota.settle_calls == [("g1", 40, 0, "failed")]
-    assert producer.sent[0][1].status == "failed"  # type: ignore[attr-defined]
+    assert quota.settle_calls == [("g1", 0, 0, "failed")]
 
 
 async def test_nothing_expired_replays_nothing_and_stale_ids_are_forgotten(replies: list[Any]) -> None:

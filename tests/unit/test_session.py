@@ -64,9 +64,14 @@ def test_signed_out_session_says_so_and_whether_demo_users_are_on() -> None:
 
 @pytest.mark.parametrize(("address", "local"), [("127.0.0.1", False), ("203.0.113.9", True), ("203.0.113.9", False)])
 def test_demo_users_are_refused_unless_local_mode_and_a_local_caller(address: str, local: bool) -> None:
-    r = client(address, local_mode=local).post("/v1/session/demo", json={"plan": "paid"})
+    r = client(address, local_mode=local).post("/v1/session/demo", json={"plan": "free"})
     assert r.status_code == 403
     assert r.json()["error"]["code"] == "not_local" and "parley user create" in r.json()["error"]["message"]
+
+
+def test_demo_users_are_free_plan_only() -> None:
+    r = client().post("/v1/session/demo", json={"plan": "paid"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request" and "free" in r.text
 
 
 def test_a_cross_origin_sign_in_or_sign_out_is_refused_before_anything_happens() -> None:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 
 from infra.stores.conversations import Message
@@ -52,6 +53,9 @@ class FakeRelay:
         for offset, event in self.buffered:
             if after is None or offset > after:
                 yield offset, event
+
+    async def final_event(self, generation_id: str, since_ms: int) -> tuple[int, Any] | None:
+        return next(((o, e) for o, e in self.buffered if isinstance(e, GenerationFinished)), None)
 
 
 async def stream(relay: FakeRelay, after: int | None = None, saved: list[bytes] | None = None,
@@ -141,3 +145,84 @@ async def test_the_relay_hands_each_generation_its_own_events_only() -> None:
     assert other.get_nowait()[0] == 7
     relay.unsubscribe("g2", other)
     assert "g2" not in relay.subs and GID in relay.subs
+
+
+async def test_a_dead_workers_stream_says_recovering_once_then_continues(monkeypatch: pytest.MonkeyPatch) -> None:
+    from producers.gateway import streaming
+    from schemas import GenerationStarted
+
+    monkeypatch.setattr(streaming, "STALL_S", 0.1)
+    monkeypatch.setattr(streaming, "CHECK_EVERY_S", 0.02)
+    alive = {"w1": False, "w2": True}
+
+    def started(worker: str) -> GenerationStarted:
+        return GenerationStarted(generation_id=GID, conversation_id="c", user_id="u", message_id="m", model="m",
+                                 pool="large", worker_id=worker, first_token_at=1.0, prompt_tokens=3)
+
+    relay = FakeRelay([])
+    relay.live.put_nowait((1, started("w1")))
+    relay.live.put_nowait((2, delta(0, "a")))
+
+    async def take_over() -> None:  # w1 died; after a while w2 resumes the reply
+        await asyncio.sleep(0.4)
+        for item in [(3, started("w2")), (4, delta(1, "b")), (5, done())]:
+            relay.live.put_nowait(item)
+
+    async def worker_alive(worker_id: str) -> bool:
+        return alive[worker_id]
+
+    task = asyncio.create_task(take_over())
+    frames = [f async for f in streaming.follow(
+        relay, GID, after=None, since_ms=0, queue=None, first=None, keepalive_s=10, beat_every_s=10,  # type: ignore[arg-type]
+        heartbeat=lambda: asyncio.sleep(0), saved=lambda: asyncio.sleep(0, []), worker_alive=worker_alive)]
+    await task
+    assert kinds(frames) == ["delta", "recovering", "delta", "message_end"]
+    assert b"worker_lost" in frames[1] and not frames[1].startswith(b"id:")  # no id: resume points unchanged
+
+
+async def test_a_slow_but_live_worker_is_not_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from producers.gateway import streaming
+    from schemas import GenerationStarted
+
+    monkeypatch.setattr(streaming, "STALL_S", 0.05)
+    monkeypatch.setattr(streaming, "CHECK_EVERY_S", 0.02)
+    relay = FakeRelay([])
+    relay.live.put_nowait((1, GenerationStarted(generation_id=GID, conversation_id="c", user_id="u", message_id="m",
+                                                model="m", pool="large", worker_id="w", first_token_at=1.0,
+                                                prompt_tokens=3)))
+
+    async def later() -> None:
+        await asyncio.sleep(0.3)
+        relay.live.put_nowait((2, done()))
+
+    task = asyncio.create_task(later())
+    frames = [f async for f in streaming.follow(
+        relay, GID, after=None, since_ms=0, queue=None, first=None, keepalive_s=10, beat_every_s=10,  # type: ignore[arg-type]
+        heartbeat=lambda: asyncio.sleep(0), saved=lambda: asyncio.sleep(0, []),
+        worker_alive=lambda w: asyncio.sleep(0, True))]
+    await task
+    assert kinds(frames) == ["message_end"]
+
+
+async def test_a_fenced_off_workers_late_appends_and_repeated_chunks_never_reach_the_client() -> None:
+    from schemas import GenerationStarted
+
+    def started(epoch: int) -> GenerationStarted:
+        return GenerationStarted(generation_id=GID, conversation_id="c", user_id="u", message_id="m", model="m",
+                                 pool="large", worker_id=f"w{epoch}", first_token_at=1.0, prompt_tokens=3,
+                                 epoch=epoch, resumed=epoch > 1)
+
+    def chunk(seq: int, text: str, epoch: int) -> TokensAppended:
+        return TokensAppended(generation_id=GID, conversation_id="c", user_id="u", seq=seq, text=text,
+                              token_ids=[seq], epoch=epoch)
+
+    relay = FakeRelay([])
+    for item in [(1, started(1)), (2, chunk(0, "a", 1)), (3, chunk(1, "b", 1)),
+                 (4, started(2)), (5, chunk(1, "b", 2)),  # the new owner's first chunk repeats no text: seq 1 sent
+                 (6, chunk(2, "X", 1)),  # the old owner woke up (SIGCONT) and appended: fenced off
+                 (7, chunk(2, "c", 2)), (8, done())]:
+        relay.live.put_nowait(item)
+    frames = await stream(relay)
+    text = b"".join(frames)
+    assert kinds(frames) == ["delta", "delta", "delta", "message_end"]
+    assert b'"a"' in text and b'"b"' in text and b'"c"' in text and b'"X"' not in text

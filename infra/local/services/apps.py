@@ -79,6 +79,13 @@ def parley_command(*args: str, executable: str | None = None) -> list[str]:
     return [str(python), "-m", "infra.local.cli", *args]
 
 
+def supervised(name: str, args: tuple[str, ...], executable: str | None = None) -> tuple[str, ...]:
+    """``parley supervise NAME -- parley ARGS``: the process restarted whenever it exits
+    (``infra/local/supervisor.py``); the supervisor's command line still carries ``args`` as markers."""
+    return tuple(parley_command("supervise", name, "--", *parley_command(*args, executable=executable),
+                                executable=executable))
+
+
 def worker_name(pool: str) -> str:
     return f"worker-{pool}"
 
@@ -102,7 +109,7 @@ def specs(
                 AppSpec(
                     name=worker_name(pool),
                     kind="worker",
-                    command=tuple(parley_command(*args, executable=executable)),
+                    command=supervised(worker_name(pool), args, executable),
                     markers=args,
                     ready_log=WORKER_READY,
                     metrics_port=ports.get(pool) or None,
@@ -113,7 +120,7 @@ def specs(
         AppSpec(
             name="stages",
             kind="stages",
-            command=tuple(parley_command("stages", executable=executable)),
+            command=supervised("stages", ("stages",), executable),
             markers=("stages",),
             ready_log=STAGES_READY,
             metrics_port=settings.ports.stages_metrics or None,
@@ -126,7 +133,7 @@ def specs(
         AppSpec(
             name="gateway",
             kind="gateway",
-            command=tuple(parley_command(*args, executable=executable)),
+            command=supervised("gateway", args, executable),
             markers=args,
             ready_url=gateway_url(settings, "/healthz"),
             port=port,

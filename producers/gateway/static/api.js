@@ -100,7 +100,8 @@ function parseFrame(text) {
 // what came after it. If the browser gives up (EventSource CLOSED), reopen with ?after=<id>.
 // Deltas at or below the last id seen are skipped, so nothing is ever shown twice.
 //
-// handlers: start(data), queued(data), delta(text), snapshot(text), retracted(notice), end(data), error(data),
+// handlers: start(data), queued(data), recovering(data), delta(text), snapshot(text), retracted(notice), end(data),
+//           error(data),
 //           state("live" | "reconnecting" | "lost")
 export function follow(generationId, handlers) {
   const base = `/v1/generations/${encodeURIComponent(generationId)}/stream`;
@@ -129,6 +130,7 @@ export function follow(generationId, handlers) {
     source.onopen = () => { failures = 0; handlers.state("live"); };
     on("message_start", handlers.start);
     on("queued", handlers.queued);
+    on("recovering", (d) => handlers.recovering?.(d));
     on("delta", (d) => handlers.delta(d.text));
     on("snapshot", (d) => handlers.snapshot(d.text));
     on("retracted", (d) => handlers.retracted(d.notice));

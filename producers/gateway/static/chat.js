@@ -188,6 +188,8 @@ export class Chat {
     const handle = follow(id, {
       start: (d) => update({ model: d.model, pool: d.pool }),
       queued: (d) => update({ notice: reply.content ? "" : queuedText(d) }),
+      // A worker died mid-reply; the next delta (from the worker taking over) clears this notice.
+      recovering: (d) => update({ notice: d.message || "Reconnecting to another worker…" }),
       delta: (text) => update({ notice: "", content: reply.content + text }),
       snapshot: (text) => update({ notice: "", content: text }),
       // The output check withdrew the reply: what was shown goes, the notice stays in its place.

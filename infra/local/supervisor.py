@@ -1,0 +1,119 @@
+"""``parley supervise NAME -- COMMAND...``: run one service process and restart it whenever it exits.
+
+`parley up` starts every service process (workers, stages, gateway) through this: the supervisor is the
+process `up` records (its pid file, its own session and process group), the service runs as its child in
+the same group, writing to the same log. So `down` still stops everything with one signal to the group
+(supervisor, service and, for a worker, vLLM's engine core), and nothing else about the stack changes.
+
+When the child exits without the supervisor having been told to stop, it is started again after a
+backoff (1 s, doubling to 30 s; back to 1 s once a run lasted a minute). Each restart is logged and
+counted in ``<state>/run/<name>.restarts.json``, which `parley status` shows.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from infra.config.settings import Settings
+
+FIRST_DELAY_S, MAX_DELAY_S, HEALTHY_AFTER_S = 1.0, 30.0, 60.0
+
+
+@dataclass
+class Restarts:
+    restarts: int = 0
+    last_exit: int | None = None
+    last_restart_at: float | None = None
+    child_pid: int | None = None
+
+
+def restarts_file(state_dir: Path, name: str) -> Path:
+    return state_dir / "run" / f"{name}.restarts.json"
+
+
+def read_restarts(state_dir: Path, name: str) -> Restarts:
+    try:
+        return Restarts(**json.loads(restarts_file(state_dir, name).read_text()))
+    except (OSError, ValueError, TypeError):
+        return Restarts()
+
+
+def next_delay(delay: float, ran_s: float) -> tuple[float, float]:
+    """(this wait, the next one): doubling to the cap, back to the first after a healthy run."""
+    if ran_s >= HEALTHY_AFTER_S:
+        delay = FIRST_DELAY_S
+    return delay, min(delay * 2, MAX_DELAY_S)
+
+
+class Supervisor:
+    def __init__(self, name: str, command: list[str], state_dir: Path) -> None:
+        self.name, self.command, self.state_dir = name, command, state_dir
+        self.record = Restarts()
+        self.child: asyncio.subprocess.Process | None = None
+        self.stopping = asyncio.Event()
+
+    def say(self, text: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        print(f"----- parley supervisor {self.name} {stamp}: {text}", flush=True)
+
+    def save(self) -> None:
+        path = restarts_file(self.state_dir, self.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self.record)))
+        tmp.replace(path)
+
+    def stop(self, sig: int) -> None:
+        self.stopping.set()
+        if self.child is not None and self.child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(sig)
+
+    async def run(self) -> int:
+        delay = FIRST_DELAY_S
+        self.save()
+        while True:
+            began = time.monotonic()
+            self.child = await asyncio.create_subprocess_exec(*self.command)  # same log, same process group
+            self.record.child_pid = self.child.pid
+            self.save()
+            code = await self.child.wait()
+            if self.stopping.is_set():
+                return code
+            wait_s, delay = next_delay(delay, time.monotonic() - began)
+            self.record = Restarts(self.record.restarts + 1, code, time.time() + wait_s, None)
+            self.save()
+            self.say(f"{self.name} exited with {code} after {time.monotonic() - began:.0f} s; restart "
+                     f"#{self.record.restarts} in {wait_s:.0f} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), wait_s)
+            if self.stopping.is_set():
+                return code
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("name", help="the service process's name (its pid file, log and restart count)")
+    parser.add_argument("child", nargs=argparse.REMAINDER, help="-- then the command to run and restart")
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.child[1:] if args.child[:1] == ["--"] else args.child
+    if not command:
+        print("parley supervise: give the command to run after --", file=sys.stderr)
+        return 2
+    return asyncio.run(_main(args.name, command, Settings.from_env().state_dir))
+
+
+async def _main(name: str, command: list[str], state_dir: Path) -> int:
+    supervisor = Supervisor(name, command, state_dir)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, supervisor.stop, sig)
+    return await supervisor.run()

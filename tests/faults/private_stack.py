@@ -1,0 +1,113 @@
+"""A private copy of the whole service for fault tests: its own Kafka, Cassandra and Redis on other ports,
+its own state folder, started and stopped by the project's own `parley up` / `parley down`. Faults are
+only ever injected here, never into the shared backbone (9092/9042/6379).
+
+One worker pool (`small`) keeps the start-up bounded; every process runs under `parley supervise`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.config.settings import Settings
+
+POOLS_TOML = """
+[defaults]
+model_dir = ""
+served_model_name = "SmolLM2-135M-Instruct"
+max_model_len = 2048
+max_num_batched_tokens = 256
+kv_cache_gib = 1
+enable_prefix_caching = true
+scheduling_policy = "priority"
+dtype = "bfloat16"
+
+[pools.small]
+max_num_seqs = 8
+description = "the fault suite's only pool"
+"""
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+@dataclass
+class PrivateStack:
+    state_dir: Path
+    env: dict[str, str]
+
+    @classmethod
+    def create(cls, root: Path) -> PrivateStack:
+        kafka, controller, cql, storage, jmx, redis, gateway = free_ports(7)
+        (root / "pools.toml").write_text(POOLS_TOML)
+        env = {**os.environ, "PARLEY_STATE_DIR": str(root / "state"), "PARLEY_KAFKA_PORT": str(kafka),
+               "PARLEY_KAFKA_CONTROLLER_PORT": str(controller), "PARLEY_CASSANDRA_PORT": str(cql),
+               "PARLEY_CASSANDRA_STORAGE_PORT": str(storage), "PARLEY_CASSANDRA_JMX_PORT": str(jmx),
+               "PARLEY_REDIS_PORT": str(redis), "PARLEY_GATEWAY_PORT": str(gateway),
+               "PARLEY_CASSANDRA_HEAP_MB": "512", "PARLEY_POOLS_FILE": str(root / "pools.toml"),
+               "PARLEY_DEFAULT_POOL": "small", "PARLEY_KEYSPACE": "parley_faults", "PARLEY_TOPIC_PREFIX": "",
+               "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        return cls(root / "state", env)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings.from_env(self.env)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.env['PARLEY_GATEWAY_PORT']}"
+
+    def parley(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "infra.local.cli", *args], env=self.env, text=True,
+                              capture_output=True, timeout=timeout, check=False)
+
+    def up(self, *flags: str) -> str:
+        done = self.parley("up", *flags)
+        if done.returncode != 0:
+            raise RuntimeError(f"parley up failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        return done.stdout
+
+    def down(self) -> None:
+        self.parley("down", "--timeout", "20", timeout=300)
+
+    def pid(self, name: str) -> int:
+        return int((self.state_dir / "run" / f"{name}.pid").read_text().split()[0])
+
+    def child_pid(self, name: str) -> int:
+        """The service process under its supervisor (what a crash kills)."""
+        return int(json.loads((self.state_dir / "run" / f"{name}.restarts.json").read_text())["child_pid"])
+
+    def restarts(self, name: str) -> int:
+        return int(json.loads((self.state_dir / "run" / f"{name}.restarts.json").read_text())["restarts"])
+
+    def signal(self, pid: int, sig: signal.Signals) -> None:
+        os.kill(pid, sig)
+
+    def wait_ready(self, path: str = "/healthz", timeout: float = 180) -> float:
+        import httpx
+
+        began = time.monotonic()
+        while time.monotonic() - began < timeout:
+            try:
+                if httpx.get(self.url + path, timeout=2).status_code == 200:
+                    return time.monotonic() - began
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{path} did not answer within {timeout} s")

@@ -1,0 +1,71 @@
+"""The gateway giving up on a request it may already have put into Kafka: nothing charged, the slot given back."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiokafka.errors import KafkaTimeoutError
+
+from infra.config.settings import Settings
+from infra.stores.accounts import User
+from producers.gateway import submission
+from schemas import MessageSubmitted
+from topics import Topics
+
+
+class _Relay:
+    def __init__(self) -> None:
+        self.subscribed: set[str] = set()
+
+    def subscribe(self, gid: str) -> asyncio.Queue[Any]:
+        self.subscribed.add(gid)
+        return asyncio.Queue()
+
+    def unsubscribe(self, gid: str, queue: Any) -> None:
+        self.subscribed.discard(gid)
+
+
+class _Quota:
+    def __init__(self) -> None:
+        self.released: list[tuple[str, str, str, str]] = []
+
+    async def release(self, gid: str, reason: str, *, user_id: str = "", plan: str = "") -> int:
+        self.released.append((gid, reason, user_id, plan))
+        return 0
+
+
+class _Producer:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes, partition: Any = None) -> None:
+        self.sent.append(topic)
+        if topic.endswith("chat.requests"):
+            raise KafkaTimeoutError()
+
+
+class _Sealer:
+    async def seal(self, event: Any) -> Any:
+        return event
+
+
+class _Gateway:
+    def __init__(self) -> None:
+        self.relay, self.quota, self.producer, self.topics = _Relay(), _Quota(), _Producer(), Topics("t.")
+        self.settings, self.sealer = Settings(), _Sealer()
+
+    async def claim(self, gid: str, user_id: str, conversation_id: str) -> None:
+        return None
+
+
+async def test_a_produce_that_fails_releases_the_request_and_cancels_it() -> None:
+    gw = _Gateway()
+    request = MessageSubmitted(generation_id="g", conversation_id="c", user_id="u", plan="free", message_id="m",
+                               client_message_id="cm", content="hi")
+    with pytest.raises(KafkaTimeoutError):
+        await submission.submit(gw, User("u", "free"), request)  # type: ignore[arg-type]
+    # Admission may still read the record: the marker keeps it from reserving; a worker is told to stop.
+    assert gw.quota.released == [("g", "gateway", "u", "free")]
+    assert gw.producer.sent == ["t.chat.requests", "t.chat.control"]
+    assert gw.relay.subscribed == set()

@@ -1,0 +1,64 @@
+"""The supervisor `parley up` runs each service process under: a real child process, killed and restarted."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.local.supervisor import FIRST_DELAY_S, MAX_DELAY_S, next_delay, read_restarts
+
+
+def test_backoff_doubles_to_the_cap_and_resets_after_a_healthy_run() -> None:
+    delay, waits = FIRST_DELAY_S, []
+    for _ in range(7):
+        wait, delay = next_delay(delay, ran_s=0.5)
+        waits.append(wait)
+    assert waits == [1, 2, 4, 8, 16, 30, 30] and MAX_DELAY_S == 30
+    assert next_delay(30.0, ran_s=120.0) == (1.0, 2.0)
+
+
+def _wait_for(check, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_a_killed_child_is_restarted_and_counted_and_sigterm_stops_both(tmp_path: Path) -> None:
+    log = (tmp_path / "svc.log").open("ab")
+    env = {**os.environ, "PARLEY_STATE_DIR": str(tmp_path)}
+    child = [sys.executable, "-c", "import time; print('svc up', flush=True); time.sleep(600)"]
+    sup = subprocess.Popen([sys.executable, "-m", "infra.local.cli", "supervise", "svc", "--", *child],
+                           stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        first = _wait_for(lambda: read_restarts(tmp_path, "svc").child_pid)
+        _wait_for(lambda: "svc up" in (tmp_path / "svc.log").read_text())
+        os.kill(first, signal.SIGKILL)  # the service dies; its supervisor does not
+        record = _wait_for(lambda: (r := read_restarts(tmp_path, "svc")).child_pid not in (None, first) and r)
+        assert record.restarts == 1 and record.last_exit == -signal.SIGKILL and sup.poll() is None
+        text = _wait_for(lambda: (t := (tmp_path / "svc.log").read_text()).count("svc up") == 2 and t)
+        assert "restart #1" in text
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(timeout=20) is not None
+        time.sleep(0.2)
+        assert _gone(record.child_pid)  # type: ignore[arg-type]
+        assert read_restarts(tmp_path, "svc").restarts == 1  # a stop is not a restart
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+        log.close()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state in ("Z", "X")
