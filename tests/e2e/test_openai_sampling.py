@@ -140,15 +140,16 @@ async def test_a_client_system_prompt_replaces_parleys(client: openai.AsyncOpenA
 
 async def test_api_conversations_stay_out_of_the_sidebar(client: openai.AsyncOpenAI, http: httpx.AsyncClient,
                                                          alice: Caller) -> None:
-    page = await http.post("/v1/conversations", headers=alice.headers, json={})
+    # A page conversation with no reply yet is not listed at all (no empty sidebar entries), so the sidebar
+    # is checked for the API conversation's absence; the filters list it.
     raw = await client.chat.completions.with_raw_response.create(model="large", messages=STORY, max_tokens=4)
     api_conversation = raw.headers["x-conversation-id"]
     sidebar = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]
-    assert [c["conversation_id"] for c in sidebar] == [page.json()["conversation_id"]]
+    assert api_conversation not in [c["conversation_id"] for c in sidebar]
     listed = (await http.get("/v1/conversations", params={"source": "api"}, headers=alice.headers)).json()["items"]
     assert [c["conversation_id"] for c in listed] == [api_conversation] and listed[0]["source"] == "api"
     every = (await http.get("/v1/conversations", params={"source": "all"}, headers=alice.headers)).json()["items"]
-    assert len(every) == 2
+    assert api_conversation in [c["conversation_id"] for c in every]
 
 
 async def test_the_native_message_endpoint_takes_the_same_parameters(http: httpx.AsyncClient, alice: Caller) -> None:
