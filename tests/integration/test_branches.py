@@ -80,5 +80,6 @@ async def test_editing_a_missing_or_assistant_message_builds_nothing(builder: Pr
         req = RequestAdmitted(generation_id=new_id(), conversation_id=cid, user_id="u1", plan="paid",
                               message_id=new_id(), client_message_id=new_id(), content="x", pool="large",
                               reply_cap=64, reserved_tokens=100, edit_of=target)
-        assert await builder.handle(req) == []
+        outs = await builder.handle(req)  # refused at once (404), so the client hears and nothing is held
+        assert [(type(o.event).__name__, o.event.status) for o in outs] == [("RequestRefused", 404)]
     assert len(await Conversations(db).all_messages(cid)) == 2
