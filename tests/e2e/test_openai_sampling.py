@@ -2,6 +2,7 @@
 changes what comes back, and the reply saved is the reply the client got."""
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -144,10 +145,16 @@ async def test_api_conversations_stay_out_of_the_sidebar(client: openai.AsyncOpe
     # is checked for the API conversation's absence; the filters list it.
     raw = await client.chat.completions.with_raw_response.create(model="large", messages=STORY, max_tokens=4)
     api_conversation = raw.headers["x-conversation-id"]
+    listed: list[dict] = []
+    for _ in range(50):  # listed once persistence has saved the reply, a moment after the response
+        listed = (await http.get("/v1/conversations", params={"source": "api"},
+                                 headers=alice.headers)).json()["items"]
+        if listed:
+            break
+        await asyncio.sleep(0.2)
+    assert [c["conversation_id"] for c in listed] == [api_conversation] and listed[0]["source"] == "api"
     sidebar = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]
     assert api_conversation not in [c["conversation_id"] for c in sidebar]
-    listed = (await http.get("/v1/conversations", params={"source": "api"}, headers=alice.headers)).json()["items"]
-    assert [c["conversation_id"] for c in listed] == [api_conversation] and listed[0]["source"] == "api"
     every = (await http.get("/v1/conversations", params={"source": "all"}, headers=alice.headers)).json()["items"]
     assert api_conversation in [c["conversation_id"] for c in every]
 
