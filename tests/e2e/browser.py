@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -157,3 +158,6 @@ async def open_drawer(page: Any, size: str) -> None:
     if size == "phone" and not await page.evaluate("document.querySelector('#app').classList.contains('drawer-open')"):
         await page.locator("#menu").click()
         await until(page, "getComputedStyle(document.querySelector('.sidebar')).transform === 'none'", 5)
+
+
+Page = Callable[..., Awaitable[Any]]  # make_page(size, **context) -> a Playwright page

@@ -88,3 +88,27 @@ async def eventually(check, timeout: float = 30, every: float = 0.3):  # type: i
         if value or asyncio.get_running_loop().time() > deadline:
             return value
         await asyncio.sleep(every)
+
+
+@pytest.fixture(params=["desktop", "phone"])  # tests.e2e.browser.SIZES
+def size(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def make_page(browser: Any, service: Service) -> AsyncIterator[Any]:
+    """``make(size, **context)``: a signed-out page of gateway-a; every page's console errors fail the test."""
+    from tests.e2e.browser import new_page  # browser.py imports this module
+
+    contexts: list[Any] = []
+    problems: list[str] = []
+
+    async def make(size: str, **context: Any) -> Any:
+        page = await new_page(browser, service.url("gateway-a"), size, problems, **context)
+        contexts.append(page.context)
+        return page
+
+    yield make
+    for context in contexts:
+        await context.close()
+    assert not problems, problems

@@ -4,17 +4,14 @@ control that was used, the model picker following a reopened conversation, and s
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.e2e.browser import (
     REPLY,
-    SIZES,
+    Page,
     conversation_id,
-    new_page,
     open_drawer,
     reply_text,
     saved_replies,
@@ -29,28 +26,7 @@ from tests.e2e.conftest import Caller, eventually
 from tests.e2e.service import Service
 
 LONG = "Write a long story about a lighthouse keeper and the sea."
-Page = Callable[..., Awaitable[Any]]
 FOCUS = "document.activeElement?.dataset?.focus ?? document.activeElement?.id"
-
-
-@pytest.fixture(params=list(SIZES))
-def size(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def make_page(browser: Any, service: Service) -> AsyncIterator[Page]:
-    contexts, problems = [], []
-
-    async def make(size: str, **context: Any) -> Any:
-        page = await new_page(browser, service.url("gateway-a"), size, problems, **context)
-        contexts.append(page.context)
-        return page
-
-    yield make
-    for context in contexts:
-        await context.close()
-    assert not problems, problems
 
 
 async def messages(http: httpx.AsyncClient, who: Caller, cid: str) -> list[dict[str, Any]]:

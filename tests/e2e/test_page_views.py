@@ -6,16 +6,12 @@ tests/artifacts/axe-<size>.json."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-
-import pytest
 
 from tests.e2e.browser import (
     REPLY,
-    SIZES,
+    Page,
     axe_scan,
-    new_page,
     open_drawer,
     overflow,
     send,
@@ -26,32 +22,10 @@ from tests.e2e.browser import (
     wait_done,
 )
 from tests.e2e.conftest import ARTIFACTS, Caller
-from tests.e2e.service import Service
 
 MD = ("## Prices\n\n| fruit | price |\n|---|--:|\n| apple | 1.20 |\n| pear | 0.90 |\n\n"
       "```python\ndef total(items):\n    return sum(p for _, p in items)\n```\n\n"
       "Indented:\n\n        two levels\n      one level\n\nDone, see `total`.")
-Page = Callable[..., Awaitable[Any]]
-
-
-@pytest.fixture(params=list(SIZES))
-def size(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def make_page(browser: Any, service: Service) -> AsyncIterator[Page]:
-    contexts, problems = [], []
-
-    async def make(size: str, **context: Any) -> Any:
-        page = await new_page(browser, service.url("gateway-a"), size, problems, **context)
-        contexts.append(page.context)
-        return page
-
-    yield make
-    for context in contexts:
-        await context.close()
-    assert not problems, problems
 
 
 async def play(page: Any, generation_id: str, markdown: str) -> None:
