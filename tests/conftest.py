@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
@@ -19,9 +20,36 @@ def stack_settings() -> Iterator[Settings]:
 
     with ExitStack() as stack:
         base = provide(stack)
-        settings = base.with_(keyspace=os.environ.get("PARLEY_TEST_KEYSPACE", "parley_test"))
+        chosen = os.environ.get("PARLEY_TEST_KEYSPACE")
+        # A keyspace of its own per run (its schema is this checkout's), dropped at the end unless one was named.
+        keyspace = chosen or f"{TEST_KEYSPACE_PREFIX}{int(time.time())}_{uuid.uuid4().hex[:6]}"
+        settings = base.with_(keyspace=keyspace)
+        _drop_test_keyspaces(settings, older_than_s=STALE_KEYSPACE_S)  # ones a killed run left behind
         apply(settings)
         yield settings
+        if not chosen:
+            _drop_test_keyspaces(settings, only=keyspace)
+
+
+TEST_KEYSPACE_PREFIX = "parley_test_"
+STALE_KEYSPACE_S = 12 * 3600  # longer than any run, so a run beside this one keeps its keyspace
+
+
+def _drop_test_keyspaces(settings: Settings, *, older_than_s: float = 0, only: str | None = None) -> None:
+    from infra.stores.session import connect
+
+    cluster, session = connect(settings, keyspace=None)
+    try:
+        names = [row.keyspace_name for row in session.execute("SELECT keyspace_name FROM system_schema.keyspaces")]
+        for name in names:
+            if not name.startswith(TEST_KEYSPACE_PREFIX):
+                continue
+            started = name[len(TEST_KEYSPACE_PREFIX):].split("_")[0]
+            stale = started.isdigit() and time.time() - int(started) > older_than_s
+            if name == only or (only is None and stale):
+                session.execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
+    finally:
+        cluster.shutdown()
 
 
 @pytest.fixture

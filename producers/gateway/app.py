@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from aiokafka.errors import KafkaError
-from cassandra import DriverException
+from cassandra import DriverException, RequestValidationException
 from cassandra.cluster import NoHostAvailable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -141,6 +141,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(DriverException)
     async def cassandra_error(request: Request, exc: DriverException) -> JSONResponse:
+        if isinstance(exc, RequestValidationException):
+            # Cassandra refused the query itself (a schema that lags the code, say): our fault, not an outage,
+            # so it is not worth the client's retry.
+            return await crashed(request, exc)
         return await backend(request, "Cassandra", exc)
 
     @app.exception_handler(RedisConnectionError)

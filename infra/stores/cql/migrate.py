@@ -1,7 +1,9 @@
 """Apply the versioned CQL migrations in order, each once.
 
-Applied versions are recorded in ``schema_migrations``; every statement is
-``IF NOT EXISTS`` so a migration interrupted half-way can simply run again.
+Applied versions are recorded in ``schema_migrations`` with their names; every
+statement is ``IF NOT EXISTS`` so a migration interrupted half-way can simply run
+again. A version recorded under another name (a keyspace migrated by another
+checkout of the code) is applied again, for the same reason, and re-recorded.
 """
 from __future__ import annotations
 
@@ -61,11 +63,14 @@ def apply_to(session: Session, keyspace: str, replication_factor: int = 1, dc: s
     """Apply pending migrations; return the versions applied now."""
     create_keyspace(session, keyspace, replication_factor, dc)
     session.set_keyspace(keyspace)
-    done = {row.version for row in session.execute("SELECT version FROM schema_migrations")}
+    done = {row.version: row.name for row in session.execute("SELECT version, name FROM schema_migrations")}
     applied = []
     for migration in load_migrations():
-        if migration.version in done:
+        if done.get(migration.version) == migration.name:
             continue
+        if migration.version in done:
+            log.warning("cql migration %03d is recorded in %s as %r, not %r: applying %r again",
+                        migration.version, keyspace, done[migration.version], migration.name, migration.name)
         for statement in migration.statements:
             session.execute(statement, timeout=60)
         session.execute(
