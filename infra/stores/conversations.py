@@ -108,6 +108,8 @@ class Conversations:
             "INSERT INTO conversations (conversation_id, user_id, title, model, created_at, updated_at, deleted, "
             "source) VALUES (?, ?, ?, ?, ?, ?, false, ?)", (conv.conversation_id, user_id, sealed, model, now, now,
                                                             source))
+        await self.db.execute("INSERT INTO conversations_of_user (user_id, conversation_id) VALUES (?, ?)",
+                              (user_id, conv.conversation_id))
         if listed:
             await self.db.execute(
                 "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
@@ -167,13 +169,24 @@ class Conversations:
         return new
 
     async def rename(self, conv: Conversation, title: str) -> None:
-        """A new title, in place: the list keeps its order."""
+        """A new title, in place: the list keeps its order. A conversation not listed yet is listed now, as one
+        named when it was made is (the whole row is written, so it keeps its model and source)."""
         sealed = await self._seal(conv.conversation_id, title)
         await self.db.execute("UPDATE conversations SET title = ? WHERE conversation_id = ?",
                               (sealed, conv.conversation_id))
         await self.db.execute(
-            "UPDATE conversations_by_user SET title = ? WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
-            (sealed, conv.user_id, conv.updated_at, conv.conversation_id))
+            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, conv.updated_at, conv.conversation_id, sealed, conv.model,
+                                          conv.source))
+
+    async def ids_of_user(self, user_id: str) -> list[str]:
+        """Every conversation id of a user, listed or not (deleted ones until their purge)."""
+        owned = await self.db.execute("SELECT conversation_id FROM conversations_of_user WHERE user_id = ?",
+                                      (user_id,))
+        # Conversations made before the ownership table existed are found through their list rows.
+        listed = await self.db.execute("SELECT conversation_id FROM conversations_by_user WHERE user_id = ?",
+                                       (user_id,))
+        return sorted({r.conversation_id for r in owned} | {r.conversation_id for r in listed})
 
     async def mark_deleted(self, conv: Conversation) -> None:
         """Gone from every read (``get`` answers None) and from its owner's list."""

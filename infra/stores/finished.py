@@ -30,7 +30,9 @@ def overlay(messages: Iterable[Message], finished: dict[str, GenerationFinished]
         out.append(m if e is None else dataclasses.replace(
             m, content=e.text, status=e.status, tokens_in=e.usage.prompt_tokens,
             tokens_out=e.usage.completion_tokens, tokens_cached=e.usage.cached_prompt_tokens, model=e.model,
-            pool=e.pool, finished_at=datetime.fromtimestamp(e.at, UTC)))
+            pool=e.pool, finished_at=datetime.fromtimestamp(e.at, UTC), route_reason=e.route_reason,
+            block_category=e.block.category if e.block else None,
+            rules_version=e.block.rules_version if e.block else None))
     return out
 
 

@@ -57,6 +57,8 @@ async def purge(db: AsyncSession, data_keys: DataKeys, redis: Any, conversation_
         db.execute("DELETE FROM summaries WHERE conversation_id = ?", (conversation_id,)),
         *(db.execute("DELETE FROM generations WHERE generation_id = ?", (g,)) for g in saved))
     redis_keys = await _purge_redis(redis, conversation_id, generations, [r.client_message_id for r in claims])
+    await db.execute("DELETE FROM conversations_of_user WHERE user_id = ? AND conversation_id = ?",
+                     (user_id, conversation_id))
     # The conversation row goes last: until then a restarted purge still finds what it was for.
     await db.execute("DELETE FROM conversations WHERE conversation_id = ?", (conversation_id,))
     return {"messages": len(messages), "client_message_claims": len(claims), "summaries": len(summaries),

@@ -60,6 +60,16 @@ class ReplyWatch:
             refused(self.plan, event.status)
 
 
+def declare(plans: list[str], pools: list[str]) -> None:
+    """Every plan's and pool's series exist from the start at 0, so the first reply's tokens are an increase that
+    ``rate()`` sees, not a series that appears already at its value (and rates 0 until the next reply)."""
+    for plan in plans:
+        RECONNECTS.labels(plan=plan)
+        for pool in pools:
+            for series in (TOKENS, TTFT, STREAM_RATE):
+                series.labels(plan=plan, pool=pool)
+
+
 def refused(plan: str, status: int) -> None:
     REFUSALS.labels(plan=plan, status=str(status)).inc()
 

@@ -80,16 +80,16 @@ async def delete_conversation(request: Request, conversation_id: str,
 
 @router.delete("/account/conversations", status_code=200)
 async def delete_all(request: Request, user: User = Depends(current_user)) -> dict[str, int]:
-    """Every conversation of the caller, as if deleted one by one."""
+    """Every conversation of the caller, as if deleted one by one: listed or not (API ones, ones whose only
+    send was refused)."""
     gw = gateway_of(request)
-    count, cursor = 0, None
-    while True:
-        items, cursor = await gw.conversations.list_for_user(user.user_id, cursor, 100, source=None)
-        for conv in items:
-            await deletion.delete(gw, conv, reason="account")
-            count += 1
-        if cursor is None:
-            break
+    count = 0
+    for conversation_id in await gw.conversations.ids_of_user(user.user_id):
+        conv = await gw.conversations.get(conversation_id)
+        if conv is None or conv.user_id != user.user_id:
+            continue  # deleted already (its purge pending)
+        await deletion.delete(gw, conv, reason="account")
+        count += 1
     return {"deleted": count}
 
 

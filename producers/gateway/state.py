@@ -24,6 +24,7 @@ from infra.stores.records import Records
 from infra.stores.sealing import Sealer, configured
 from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession, connect
+from producers.gateway import metrics
 from producers.gateway.cursors import Cursors, cursor_key
 from producers.gateway.relay import TokenRelay
 from topics import Role, Topics
@@ -61,6 +62,7 @@ class Gateway:
     async def start(self) -> None:
         self.cursors = Cursors(cursor_key(self.settings))
         self.plans = self.plans or load_plans(self.settings.plans_file)
+        metrics.declare(list(self.plans), list(self.models))
         self.topics = Topics(self.settings.topic_prefix)
         self.producer = make_producer(self.settings.kafka_bootstrap)
         await self.producer.start()

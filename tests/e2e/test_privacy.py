@@ -191,25 +191,28 @@ async def test_no_retention_streams_and_resumes_but_keeps_no_text(
     assert row.title is None
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known failure: expects conversations with no reply in the list, which the list now leaves out; to be rewritten"))
 async def test_rename_and_delete_every_conversation_of_an_account(http: httpx.AsyncClient, alice: Caller,
                                                                    bob: Caller) -> None:
-    first, second = await new_conversation(http, alice), await new_conversation(http, alice)
+    # Three kinds: renamed before any reply (renaming lists it), one with a reply (listed by it), and one never
+    # listed (its only send was refused for being too long): delete-all reaches every one.
+    first, second, unlisted = [await new_conversation(http, alice) for _ in range(3)]
     assert (await http.patch(f"/v1/conversations/{first}", headers=alice.headers,
                              json={"title": "  "})).status_code == 422
     assert (await http.patch(f"/v1/conversations/{first}", headers=alice.headers,
                              json={"title": "x" * 201})).status_code == 422
     r = await http.patch(f"/v1/conversations/{first}", headers=alice.headers, json={"title": " Trip  plans "})
     assert r.status_code == 200 and r.json()["title"] == "Trip plans"
-    titles = {c["conversation_id"]: c["title"]
-              for c in (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]}
-    assert titles[first] == "Trip plans"
+    listed = (await http.get("/v1/conversations", headers=alice.headers)).json()["items"]
+    assert [(c["title"], c["source"]) for c in listed if c["conversation_id"] == first] == [("Trip plans", "page")]
+    text_of(await send(http, alice, second, f"Hi {phrase()}"))
+    r = await http.post(f"/v1/conversations/{unlisted}/messages", headers=alice.headers,
+                        json={"content": "word " * 30_000})
+    assert r.status_code in (413, 422), r.text
     theirs = await new_conversation(http, bob)
     r = await http.delete("/v1/account/conversations", headers=alice.headers)
-    assert r.status_code == 200 and r.json()["deleted"] >= 2
-    assert (await http.get("/v1/conversations", headers=alice.headers)).json()["items"] == []
-    for cid in (first, second):
+    assert r.status_code == 200 and r.json()["deleted"] >= 3
+    assert (await http.get("/v1/conversations", headers=alice.headers, params={"source": "all"})).json()["items"] == []
+    for cid in (first, second, unlisted):
         assert (await http.get(f"/v1/conversations/{cid}/messages", headers=alice.headers)).status_code == 404
     assert (await http.get(f"/v1/conversations/{theirs}/messages", headers=bob.headers)).status_code == 200
 

@@ -87,8 +87,6 @@ async def test_an_expired_reservation_with_no_reply_is_charged_nothing(service: 
     assert usage and (usage["used"], usage["running"]) == (0, 0), usage  # released, never an estimate
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known failure: failed in the last full run after the sealing and fencing merges; cause not yet investigated"))
 async def test_history_and_the_next_prompt_include_a_reply_the_moment_it_ends(
         service: Service, http: httpx.AsyncClient, alice: Caller) -> None:
     began = time.time()

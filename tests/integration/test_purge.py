@@ -71,6 +71,8 @@ async def rows_left(db: Any, cid: str, gens: list[str], user_id: str) -> dict[st
     left["conversations_by_user"] = len(await db.execute(
         "SELECT * FROM conversations_by_user WHERE user_id = ? AND conversation_id = ? ALLOW FILTERING",
         (user_id, cid)))
+    left["conversations_of_user"] = len(await db.execute(
+        "SELECT * FROM conversations_of_user WHERE user_id = ? AND conversation_id = ?", (user_id, cid)))
     return {t: n for t, n in left.items() if n}
 
 

@@ -31,6 +31,19 @@ def test_an_ended_reply_shows_final_over_its_generating_row() -> None:
     assert shown[1].finished_at is not None
 
 
+def test_a_retracted_reply_shows_its_block_before_it_is_saved() -> None:
+    import msgspec
+
+    from schemas import Block
+
+    block = Block(check="output", category="astronomy", score=1.0, rules_version="r-7")
+    ended = msgspec.structs.replace(_finished("g1", status="blocked", text="Removed."), block=block)
+    row = Message("c", 0, "g1", "assistant", "", status="generating", generation_id="g1")
+    (shown,) = overlay([row], {"g1": ended})
+    assert (shown.status, shown.content, shown.block_category, shown.rules_version) == (
+        "blocked", "Removed.", "astronomy", "r-7")
+
+
 def test_a_saved_row_wins_over_the_overlay() -> None:
     saved = Message("c", 0, "g1", "assistant", "Paris.", status="complete", generation_id="g1", tokens_out=4)
     assert overlay([saved], {"g1": _finished("g1", text="other")}) == [saved]

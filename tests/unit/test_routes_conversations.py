@@ -35,9 +35,8 @@ class Convs(FakeConversations):
         owner = self.owners.get(params[0])
         return [type("Row", (), {"user_id": owner})()] if owner else []
 
-    async def list_for_user(self, user_id: str, cursor: str | None, limit: int,
-                            source: str | None = "page") -> tuple[list[Conversation], None]:
-        return [c for c in self.conversations.values() if c.user_id == user_id], None
+    async def ids_of_user(self, user_id: str) -> list[str]:
+        return sorted(cid for cid, owner in self.owners.items() if owner == user_id)
 
 
 @dataclass
