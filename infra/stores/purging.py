@@ -8,6 +8,7 @@ charge but lose the conversation id.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 from infra.stores import keys
@@ -59,7 +60,10 @@ async def purge(db: AsyncSession, data_keys: DataKeys, redis: Any, conversation_
     redis_keys = await _purge_redis(redis, conversation_id, generations, [r.client_message_id for r in claims])
     await db.execute("DELETE FROM conversations_of_user WHERE user_id = ? AND conversation_id = ?",
                      (user_id, conversation_id))
-    # The conversation row goes last: until then a restarted purge still finds what it was for.
+    # The conversation row goes last: until then a restarted purge still finds what it was for. Its id and
+    # owner stay a while (no text), so the owner's repeated delete is still answered as a success.
+    await db.execute("INSERT INTO deleted_conversations (conversation_id, user_id, purged_at) VALUES (?, ?, ?)",
+                     (conversation_id, user_id, datetime.now(UTC)))
     await db.execute("DELETE FROM conversations WHERE conversation_id = ?", (conversation_id,))
     return {"messages": len(messages), "client_message_claims": len(claims), "summaries": len(summaries),
             "generations": len(saved), "list_rows": listed, "redis_keys": redis_keys}

@@ -132,9 +132,12 @@ async def _owned(gw: Any, conversation_id: str, user: User) -> Conversation:
 
 async def _was_owners(gw: Any, conversation_id: str, user: User) -> bool:
     """A repeated delete is a success for the owner (idempotent), and a 404 for anyone else."""
-    rows = await gw.conversations.db.execute(
-        "SELECT user_id FROM conversations WHERE conversation_id = ?", (conversation_id,))
-    return bool(rows) and rows[0].user_id == user.user_id
+    for table in ("conversations", "deleted_conversations"):  # marked deleted, or purged already
+        rows = await gw.conversations.db.execute(
+            f"SELECT user_id FROM {table} WHERE conversation_id = ?", (conversation_id,))
+        if rows:
+            return bool(rows[0].user_id == user.user_id)
+    return False
 
 
 def message_json(m: Message) -> dict[str, Any]:

@@ -137,6 +137,9 @@ async def test_delete_mid_reply_hides_everywhere_stops_it_and_purges(
     assert not [k async for k in redis_client.scan_iter(match=keys.client_message(cid, "*"))]
     audit = [e for _, e in await raw_audit(service.settings) if e.conversation_id == cid]
     assert audit and audit[0].reason == "user" and audit[0].removed["messages"] >= 2
+    # Deleting again after the purge is still a success for the owner, and still a 404 for anyone else.
+    assert (await http.delete(f"/v1/conversations/{cid}", headers=alice.headers)).status_code == 204
+    assert (await http.delete(f"/v1/conversations/{cid}", headers=bob.headers)).status_code == 404
 
     # Kafka still holds its records, and nobody can open them; the live conversation's open.
     records = await raw_records(service.settings, cid)

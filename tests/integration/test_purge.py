@@ -138,6 +138,8 @@ async def test_delete_hides_at_once_and_the_purge_leaves_nothing(settings: Setti
         assert await rows_left(db, cid, gens, user) == {}
         assert await redis_left(redis_client, cid, gens) == []
         assert await redis_client.hget(keys.settled(gens[0]), "charged") == b"10"  # the charge stays
+        [gone] = await db.execute("SELECT * FROM deleted_conversations WHERE conversation_id = ?", (cid,))
+        assert gone.user_id == user and set(gone._fields) == {"conversation_id", "user_id", "purged_at"}  # no text
 
         await send(producer, Topics(settings.topic_prefix).deletions, deleted, key=cid)  # redelivered
         second = await purged_events(settings, 2)
