@@ -10,8 +10,9 @@ The hot path stays cheap: each process caches unwrapped keys for ``cache_s`` sec
 token event costs one AES-GCM operation and no I/O; a miss is one Cassandra read by
 primary key. The cache bounds how long a destroyed key lives on in a process's memory.
 
-``TenantKeys`` is the seam for a KMS or Vault: ``wrap``/``unwrap`` of a 32-byte data key.
-The embedded ``LocalTenantKeys`` derives each tenant's key (HKDF-SHA256) from one master key
+``TenantKeys`` is the seam for a KMS or Vault: ``wrap``/``unwrap`` of a 32-byte data key, and
+``index_key``, the tenant's key for the search index's keyed hashes (a KMS's HMAC key: GenerateMac).
+The embedded ``LocalTenantKeys`` derives each tenant's keys (HKDF-SHA256) from one master key
 in ``<state>/keys/master.key``, made on first use, readable by its owner only.
 """
 from __future__ import annotations
@@ -48,6 +49,8 @@ class TenantKeys(Protocol):
 
     def unwrap(self, tenant_id: str, wrapped: bytes, context: bytes) -> bytes: ...
 
+    def index_key(self, tenant_id: str) -> bytes: ...
+
 
 class LocalTenantKeys:
     """Tenant keys derived from one local master key file (the embedded default)."""
@@ -56,6 +59,7 @@ class LocalTenantKeys:
         self.path = path
         self._master: bytes | None = None
         self._derived: dict[str, AESGCM] = {}
+        self._index: dict[str, bytes] = {}
 
     @classmethod
     def under(cls, state_dir: Path) -> LocalTenantKeys:
@@ -72,6 +76,14 @@ class LocalTenantKeys:
             raw = HKDF(hashes.SHA256(), 32, salt=b"parley-tenant-key", info=tenant_id.encode()).derive(self.master())
             kek = self._derived[tenant_id] = AESGCM(raw)
         return kek
+
+    def index_key(self, tenant_id: str) -> bytes:
+        """The tenant's search-index key: HMAC terms nobody without the master key can compute or guess."""
+        key = self._index.get(tenant_id)
+        if key is None:
+            key = self._index[tenant_id] = HKDF(hashes.SHA256(), 32, salt=b"parley-search-key",
+                                                info=tenant_id.encode()).derive(self.master())
+        return key
 
     def wrap(self, tenant_id: str, data_key: bytes, context: bytes) -> bytes:
         nonce = os.urandom(NONCE_BYTES)

@@ -8,16 +8,18 @@ on the replicas of that user, never the whole ring, and partitions stay small be
 vocabulary is spread over hundreds of them. Rows are keyed, so indexing again changes nothing.
 A retitled conversation leaves its old words behind; hits are checked against the current text.
 
-The index holds no word in clear (message text is sealed everywhere else): a row's term is a SHA-256 of
-(user, word prefix), for each prefix of 2 to ``PREFIX_MAX`` letters, and its partition is that hash's first
-byte. A query word is looked up by the hash of its first ``PREFIX_MAX`` letters and every hit is checked
-against the message as it reads now. A hash is not encryption: whoever reads the table and guesses a word
-can confirm it; deleting a conversation removes its rows.
+The index holds no word in clear (message text is sealed everywhere else): a row's term is an
+HMAC-SHA256, under the user's search key from the tenant key store, of (user, word prefix), for each
+prefix of 2 to ``PREFIX_MAX`` letters, and its partition is that hash's first byte. A query word is
+looked up by the hash of its first ``PREFIX_MAX`` letters and every hit is checked against the message as
+it reads now. Keyed, a term cannot be confirmed by guessing a word and hashing it: that takes the key
+(the master key file, or the KMS). Deleting a conversation removes its rows.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -60,14 +62,14 @@ def words(text: str, limit: int = MAX_WORDS_INDEXED) -> list[str]:
     return list(out)
 
 
-def blind(user_id: str, prefix: str) -> tuple[str, str]:
-    """(bucket, term) of one word prefix of one user's index."""
-    digest = hashlib.sha256(f"{user_id}\x00{prefix}".encode()).hexdigest()
+def blind(key: bytes, user_id: str, prefix: str) -> tuple[str, str]:
+    """(bucket, term) of one word prefix of one user's index, under that user's search key."""
+    digest = hmac.new(key, f"{user_id}\x00{prefix}".encode(), hashlib.sha256).hexdigest()
     return digest[:2], digest
 
 
-def terms(user_id: str, word: str) -> list[tuple[str, str]]:
-    return [blind(user_id, word[:n]) for n in range(2, min(len(word), PREFIX_MAX) + 1)]
+def terms(key: bytes, user_id: str, word: str) -> list[tuple[str, str]]:
+    return [blind(key, user_id, word[:n]) for n in range(2, min(len(word), PREFIX_MAX) + 1)]
 
 
 def matches(text: str, query_words: list[str]) -> bool:
@@ -86,8 +88,16 @@ def snippet(text: str, query_words: list[str], width: int = 160) -> str:
 
 
 class SearchIndex:
+    """``conversations`` seals with the tenant key store the index keys come from; without a sealer (unit tests
+    of other stages) terms are keyed by a fixed key, so they are hashes, not words."""
+
     def __init__(self, db: AsyncSession, conversations: Conversations) -> None:
         self.db, self.conversations = db, conversations
+        sealer = getattr(conversations, "sealer", None)
+        self._tenants = sealer.keys.tenants if sealer is not None else None
+
+    def key(self, user_id: str) -> bytes:
+        return self._tenants.index_key(user_id) if self._tenants is not None else b"parley-unsealed-index"
 
     async def index(self, user_id: str, conversation_id: str, message_id: str, turn: int, text: str) -> None:
         """Index a message (or, with ``message_id=TITLE``, a title); idempotent."""
@@ -95,7 +105,7 @@ class SearchIndex:
                "VALUES (?, ?, ?, ?, ?, ?)")
         by_bucket: dict[str, set[str]] = {}
         for w in words(text):
-            for bucket, term in terms(user_id, w):
+            for bucket, term in terms(self.key(user_id), user_id, w):
                 by_bucket.setdefault(bucket, set()).add(term)
         # One unlogged batch per partition: a single-partition batch is one write on each replica.
         await asyncio.gather(*(self.db.batch(cql, [(user_id, b, w, conversation_id, message_id, turn) for w in ws])
@@ -105,7 +115,8 @@ class SearchIndex:
         """Remove a conversation's rows for the words of ``texts`` (its messages and title, read before its key
         is destroyed); how many words. A range delete per word: (term, conversation_id) prefixes the key."""
         found = sorted({w for text in texts for w in words(text)})
-        rows = {bt for w in found for bt in terms(user_id, w)}
+        key = self.key(user_id)
+        rows = {bt for w in found for bt in terms(key, user_id, w)}
         await asyncio.gather(*(self.db.execute(
             "DELETE FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ? AND conversation_id = ?",
             (user_id, bucket, term, conversation_id)) for bucket, term in rows))
@@ -133,7 +144,7 @@ class SearchIndex:
         return hits
 
     async def _lookup(self, user_id: str, word: str) -> dict[tuple[str, str], int]:
-        bucket, term = blind(user_id, word[:PREFIX_MAX])
+        bucket, term = blind(self.key(user_id), user_id, word[:PREFIX_MAX])
         rows = await self.db.execute(
             "SELECT conversation_id, message_id, turn FROM search_terms WHERE user_id = ? AND bucket = ? "
             f"AND term = ? LIMIT {ROWS_PER_WORD}", (user_id, bucket, term))

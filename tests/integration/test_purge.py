@@ -109,15 +109,16 @@ async def test_delete_hides_at_once_and_the_purge_leaves_nothing(settings: Setti
     assert PHRASE.format(0) in {m.content for m in await Conversations(db, sealer).all_messages(cid)}
 
     conversations = Conversations(db, sealer)
+    zebra = blind(sealer.keys.tenants.index_key(user), user, "zebra")  # keyed: only the key holder can compute it
     assert await db.execute("SELECT * FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ?",
-                            (user, *blind(user, "zebra")))  # indexed (blind) while it lived
+                            (user, *zebra))  # indexed (blind) while it lived
     cancelled = await mark_deleted(conversations, sealer.keys, redis_client, cid, user)
     assert set(cancelled) == set(gens)
     assert await conversations.get(cid) is None  # hidden at once
     assert cid not in {c.conversation_id for c in (await conversations.list_for_user(user))[0]}
     assert not await redis_client.exists(keys.generation_owner(gens[0]))  # cancel/resume: 404 at once
     assert not await db.execute("SELECT * FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ?",
-                                (user, *blind(user, "zebra")))  # out of search at once
+                                (user, *zebra))  # out of search at once
     assert all(m.content == "" for m in await conversations.all_messages(cid))  # key gone: no text reads
 
     stage = purge_stage.build_stage(settings.with_(purge_delay_s=0.0), db, redis_client, sealer.keys)

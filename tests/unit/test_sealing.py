@@ -159,3 +159,10 @@ async def test_the_relay_drops_a_deleted_conversations_tokens_but_still_ends_its
         await relay._open(tokens)  # noqa: SLF001
     opened_end = await relay._open(end)  # noqa: SLF001
     assert opened_end.status == "stopped" and opened_end.text == ""
+
+
+def test_the_search_key_is_per_tenant_stable_and_comes_from_the_master_key(tmp_path: Path) -> None:
+    keys = LocalTenantKeys.under(tmp_path)
+    assert len(keys.index_key("ann")) == 32 and keys.index_key("ann") != keys.index_key("bob")
+    assert LocalTenantKeys.under(tmp_path).index_key("ann") == keys.index_key("ann")  # same master, same key
+    assert LocalTenantKeys.under(tmp_path / "other").index_key("ann") != keys.index_key("ann")

@@ -23,3 +23,17 @@ def test_a_snippet_is_cut_around_the_first_match() -> None:
     cut = snippet(text, ["lighthouse"])
     assert "lighthouse keeper" in cut and cut.startswith("…") and cut.endswith("…") and len(cut) <= 170
     assert snippet("short text", ["short"]) == "short text"
+
+
+def test_terms_are_keyed_per_user_and_do_not_match_a_plain_hash_of_the_word() -> None:
+    import hashlib
+
+    from infra.stores.search import blind, terms
+
+    ann, other = b"k" * 32, b"j" * 32
+    assert blind(ann, "u1", "zebra") == blind(ann, "u1", "zebra")  # deterministic, so a query finds the rows
+    assert blind(ann, "u1", "zebra") != blind(other, "u1", "zebra")  # another key: another term
+    assert blind(ann, "u1", "zebra") != blind(ann, "u2", "zebra")
+    guessed = hashlib.sha256(b"u1\x00zebra").hexdigest()
+    assert guessed not in {t for _, t in terms(ann, "u1", "zebras")}  # a guess without the key confirms nothing
+    assert len(terms(ann, "u1", "zebras")) == 5  # prefixes of 2..6 letters
