@@ -23,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from infra.config.settings import Settings
+from infra.stores import keys
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Settled
 from schemas import GenerationFinished, UsageRecorded
@@ -61,6 +62,8 @@ class Settlement:
         """Settle one reply; the marker whose usage this call published, or None if there was nothing to do."""
         if finished.purpose != "reply":
             return None  # titles and summaries are the service's own calls, never reserved
+        if await self._retrying(self._stale, finished):
+            return None  # a fenced-off worker's late finish: the new owner's finish settles it, with all its tokens
         # 1. Redis unreachable is recoverable: wait rather than skip a charge or crash the agent.
         marker = await self._retrying(self._settle, finished)
         # 2. A redelivery: already settled; publish only if that attempt never reached Kafka.
@@ -75,6 +78,17 @@ class Settlement:
                 return None
         await publish_usage(self.quota, self.send, marker)
         return marker
+
+    async def _stale(self, finished: GenerationFinished) -> bool:
+        """Whether a newer owner (fencing epoch) took this generation over after the worker that finished it."""
+        if finished.epoch <= 0:
+            return False
+        current = await self.quota.redis.get(keys.generation_epoch(finished.generation_id))
+        if current is None or finished.epoch >= int(current):
+            return False
+        log.warning("generation %s: finish of owner epoch %d not settled (epoch %s owns it)",
+                    finished.generation_id, finished.epoch, current.decode())
+        return True
 
     async def _settle(self, finished: GenerationFinished) -> Settled | None:
         tokens_in, tokens_out = charge_for(finished)

@@ -68,6 +68,7 @@ class FakeQuota:
     forgotten: list[str] = field(default_factory=list)
     failures_left: int = 0  # settle raises this many times first (Redis unreachable)
     stale: set[str] = field(default_factory=set)  # ids left in the expiry set after their reservation went
+    redis: FakeRedis = field(default_factory=FakeRedis)  # what settlement reads beside the quota (owner epochs)
 
     def reserve(self, generation_id: str, created_at: float = 100.0, prompt_tokens: int = 40) -> Reservation:
         r = Reservation(generation_id=generation_id, user_id="u", plan="free", day="2026-12-01", amount=552,

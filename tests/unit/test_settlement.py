@@ -1,6 +1,7 @@
 """Settlement's logic with a fake quota: charge once, publish once, wait out Redis, skip what is not a reply."""
 from __future__ import annotations
 
+from infra.stores import keys
 from schemas import GenerationFinished, Usage, UsageRecorded
 from streams.settlement import Settlement
 from tests.fake_stores import FakeQuota, settled_marker
@@ -55,3 +56,17 @@ async def test_redis_unreachable_is_waited_out_not_skipped() -> None:
     s, sent = settlement(quota)
     assert await s.handle(finished(status="stopped")) is not None
     assert quota.settle_calls == [("g1", 30, 7, "stopped")] and len(sent) == 1
+
+
+async def test_a_fenced_off_workers_late_finish_is_not_settled_and_the_new_owners_is() -> None:
+    import msgspec
+
+    quota = FakeQuota()
+    await quota.redis.set(keys.generation_epoch("g1"), 2)
+    quota.reserve("g1")
+    s, sent = settlement(quota)
+    assert await s.handle(msgspec.structs.replace(finished(), epoch=1)) is None  # epoch 2 took it over
+    assert quota.settle_calls == [] and sent == []
+    marker = await s.handle(msgspec.structs.replace(finished(), epoch=2))
+    assert marker is not None and len(sent) == 1
+    assert await s.handle(finished()) is None  # epoch 0 (no owner's) is never fenced: a redelivery, settled once
