@@ -6,11 +6,14 @@ finished, re-announces that finish instead of generating again.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from consumers.generation.fencing import is_current
 from schemas import EventDecodeError, GenerationFinished, GenerationStarted, TokensAppended, decode
 from topics.replay import open_reader, read_to_end
+
+log = logging.getLogger(__name__)
 
 TOKEN_EVENTS = (GenerationStarted, TokensAppended, GenerationFinished)
 
@@ -58,16 +61,31 @@ def collect(events: list[object], generation_id: str) -> Saved:
     return saved
 
 
-async def read_saved(bootstrap: str, tokens_topic: str, generation_id: str, since_ms: int) -> Saved:
-    """Scan the generation's partition of the token buffer from ``since_ms`` to its current end."""
-    reader = await open_reader(bootstrap, tokens_topic, since_ms=since_ms, key=generation_id)
-    try:
-        events: list[object] = []
-        async for record in read_to_end(reader, reader.partitions[0], timeout_ms=500):
-            try:
-                events.append(decode(record.value, TOKEN_EVENTS))
-            except EventDecodeError:
-                continue  # other event types share the partition
-        return collect(events, generation_id)
-    finally:
-        await reader.close()
+class IncompleteRead(RuntimeError):
+    """The token buffer's partition could not be read to its end (fetches kept coming back empty)."""
+
+
+async def read_saved(bootstrap: str, tokens_topic: str, generation_id: str, since_ms: int,
+                     attempts: int = 4) -> Saved:
+    """Scan the generation's partition of the token buffer from ``since_ms`` to its current end.
+
+    All of it or nothing: continuing from a prefix of what was appended would append chunks under seqs the
+    clients already have, which they drop, so what they read would differ from what is saved. A read that
+    stops short (a slow broker, a loaded machine) is tried again from the start."""
+    for attempt in range(1, attempts + 1):
+        reader = await open_reader(bootstrap, tokens_topic, since_ms=since_ms, key=generation_id)
+        try:
+            tp = reader.partitions[0]
+            events: list[object] = []
+            async for record in read_to_end(reader, tp, timeout_ms=1000):
+                try:
+                    events.append(decode(record.value, TOKEN_EVENTS))
+                except EventDecodeError:
+                    continue  # other event types share the partition
+            if await reader.consumer.position(tp) >= reader.ends[tp]:
+                return collect(events, generation_id)
+            log.warning("generation %s: token buffer read stopped at %d of %d (attempt %d of %d)", generation_id,
+                        await reader.consumer.position(tp), reader.ends[tp], attempt, attempts)
+        finally:
+            await reader.close()
+    raise IncompleteRead(f"generation {generation_id}: could not read its saved tokens to the end")
