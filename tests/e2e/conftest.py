@@ -16,7 +16,7 @@ from tests.e2e.service import Service, launch
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped when the e2e tests end: its engines are not held through the rest
 def service(stack_settings: Settings) -> Iterator[Service]:
     log_dir = ARTIFACTS / "e2e-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -49,7 +49,7 @@ async def _make_user(settings: Settings, plan: str) -> Caller:
     return Caller(user.user_id, token, plan)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 async def browser() -> AsyncIterator[Any]:
     """Debian's headless Chromium under Playwright (no downloaded browser)."""
     from tests.e2e.browser import ARGS, CHROMIUM
