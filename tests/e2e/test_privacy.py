@@ -228,6 +228,11 @@ def grep(needle: str, paths: list[Path]) -> bool:
     return r.returncode == 0
 
 
+def grep_files(needle: str, paths: list[Path]) -> list[str]:
+    r = subprocess.run(["grep", "-rlaF", needle, *map(str, paths)], capture_output=True, timeout=120, text=True)
+    return r.stdout.split()
+
+
 def flush(settings: Settings) -> None:
     """nodetool flush: memtables to SSTables, so the data files hold what was written."""
     from infra.local.services import java
@@ -273,9 +278,12 @@ async def test_no_sent_phrase_is_in_clear_in_any_file_or_log(service: Service, h
     assert not grep(secret, kafka + commitlog)
     flush(service.settings)
     assert not grep(secret, [state / "cassandra" / "data" / service.settings.keyspace])
-    long_words = max(reply.split(" "), key=len) if reply else ""
-    if len(long_words) >= 8:  # a distinctive piece of the model's reply
-        assert not grep(long_words, kafka)
+    # A distinctive piece of the model's reply: three words in a row (one word alone, "conversation" say, can be
+    # part of an event's field names, which are in clear).
+    ws = reply.split()
+    piece = max((" ".join(ws[i:i + 3]) for i in range(len(ws) - 2)), key=len, default="")
+    if len(piece) >= 12:
+        assert not grep(piece, kafka), (piece, grep_files(piece, kafka))
     logs = list(service.log_dir.glob("*.log"))
     assert logs and all(not grep(p, logs) for p in SENT), "a sent phrase is in a log"
 
