@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from schemas import PromptBuilt
-from tests.e2e.conftest import Caller, eventually
+from tests.e2e.conftest import ARTIFACTS, Caller, eventually
 from tests.e2e.service import Service
 from tests.e2e.test_chat import new_conversation, send
 from topics import Topics
@@ -99,10 +99,13 @@ async def test_forty_turns_past_the_window(service: Service, http: httpx.AsyncCl
 
     usage = await settled(http, alice)
     assert usage["used"] == sum(ins) + sum(outs)  # summaries and titles are the service's own, never charged
-    print(f"\n40-turn figures: turns {TURNS}, longest prompt {max(ins)} of a {WINDOW}-token window "
+    figures = (f"40-turn figures: turns {TURNS}, longest prompt {max(ins)} of a {WINDOW}-token window "
           f"(reply cap {REPLY_CAP}), conversation {conversation} tokens, prompts using a summary "
           f"{len(summarised)} (first at turn {summarised[0].turn}), charged {usage['used']} = sum of usage "
           f"{sum(ins) + sum(outs)}, {time.time() - began:.0f} s")
+    print("\n" + figures)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "forty-turns.txt").write_text(figures + "\n")
 
 
 async def test_openai_keeps_the_newest_turns_of_a_long_client_history(service: Service, http: httpx.AsyncClient,
