@@ -72,7 +72,11 @@ def check_streams(sends: list[Send], saved: dict[str, Any]) -> Counts:
             continue
         counts.saved_final += 1
         if s.ended and s.text != reply.content:
-            counts.problems.append(f"{s.generation_id}: streamed {len(s.text)} chars != saved {len(reply.content)}")
+            at = next((i for i, (a, b) in enumerate(zip(s.text, reply.content, strict=False)) if a != b),
+                      min(len(s.text), len(reply.content)))
+            counts.problems.append(f"{s.generation_id}: streamed {len(s.text)} chars != saved {len(reply.content)}, "
+                                   f"first difference at char {at} of the joined deltas (ids {ids[:3]}..{ids[-3:]})")
+            print(f"streamed: {s.text!r}\nsaved:    {reply.content!r}")  # the test's own text, never a log
         elif s.ended:
             counts.text_equal += 1
         else:
@@ -89,7 +93,9 @@ async def check(sends: list[Send], *, settings: Any, db: Any, redis: Any, since:
     from infra.stores.records import Records
     from streams.billing import replay
 
-    conversations, saved = Conversations(db), {}
+    from infra.stores.sealing import configured
+
+    conversations, saved = Conversations(db, configured(settings, db)), {}  # rows are sealed: opened to compare
     for conv in {s.conversation_id for s in sends}:
         messages = await conversations.all_messages(conv)
         for m in messages:

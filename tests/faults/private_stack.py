@@ -54,12 +54,14 @@ class PrivateStack:
 
     @classmethod
     def create(cls, root: Path) -> PrivateStack:
-        kafka, controller, cql, storage, jmx, redis, gateway = free_ports(7)
-        (root / "pools.toml").write_text(POOLS_TOML)
+        kafka, controller, cql, storage, jmx, redis, gateway, stages_metrics, worker_metrics = free_ports(9)
+        # Metrics ports too: the service from `parley up` holds the fixed ones (9110-9112).
+        (root / "pools.toml").write_text(POOLS_TOML + f"metrics_port = {worker_metrics}\n")
         env = {**os.environ, "PARLEY_STATE_DIR": str(root / "state"), "PARLEY_KAFKA_PORT": str(kafka),
                "PARLEY_KAFKA_CONTROLLER_PORT": str(controller), "PARLEY_CASSANDRA_PORT": str(cql),
                "PARLEY_CASSANDRA_STORAGE_PORT": str(storage), "PARLEY_CASSANDRA_JMX_PORT": str(jmx),
                "PARLEY_REDIS_PORT": str(redis), "PARLEY_GATEWAY_PORT": str(gateway),
+               "PARLEY_STAGES_METRICS_PORT": str(stages_metrics),
                "PARLEY_CASSANDRA_HEAP_MB": "512", "PARLEY_POOLS_FILE": str(root / "pools.toml"),
                "PARLEY_DEFAULT_POOL": "small", "PARLEY_KEYSPACE": "parley_faults", "PARLEY_TOPIC_PREFIX": "",
                "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
