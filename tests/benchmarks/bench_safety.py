@@ -37,15 +37,17 @@ def rules_text(mode: str, version: int) -> str:
             f'[[rules]]\ncategory = "weapons"\nregex = "pipe bomb"\n[plans.paid]\n{MODES[mode]}\nchunk_tokens = 24\n')
 
 
-async def switch(proc: Any, mode: str, version: int) -> None:
-    """Rewrite the rules and wait until the worker says it re-read them."""
+async def switch(proc: Any, client: Any, prompt: list[int], mode: str, version: int) -> None:
+    """Rewrite the rules and wait until the worker says it re-read them. The worker looks at the file when a
+    request consults the rules, so one-token requests (not counted) are sent until it has."""
     RULES.write_text(rules_text(mode, version))
     needle = f"-> bench-{version}"
-    deadline = time.time() + 30
+    deadline = time.time() + 60
     while needle not in proc.log.read_text(errors="replace"):
         if time.time() > deadline:
             raise TimeoutError(f"the worker did not reload the rules for {mode!r}")
-        await asyncio.sleep(0.2)
+        await client.request(prompt, 1)
+        await asyncio.sleep(0.5)
 
 
 def per_request_rate(run: common.Timeline) -> float:
@@ -96,7 +98,7 @@ async def main(ns: argparse.Namespace) -> None:
             for r in range(ns.rounds):
                 for mode in MODES:
                     version += 1
-                    await switch(proc, mode, version)
+                    await switch(proc, client, prompts[0], mode, version)
                     before = await classifier_seconds(port)
                     batch, _ = await common.closed_loop(ns.concurrency, ns.concurrency, lambda i, r=r: client.request(
                         prompts[(r * ns.concurrency + i) % len(prompts)], ns.max_tokens))
