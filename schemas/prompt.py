@@ -37,4 +37,6 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
     question: str = ""  # the user's message, for the last-resort tier's prepared replies
     sampling: Sampling | str | None = None
-    alternates: list[PoolPrompt] = []  # a pool missing here (and not ``pool``) cannot take this request
+    # A pool missing here (and not ``pool``) cannot take this request. str: sealed (an alternate's ids spell the
+    # prompt, refitted for another pool's window).
+    alternates: list[PoolPrompt] | str = []

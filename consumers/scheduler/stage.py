@@ -35,6 +35,7 @@ from schemas import (
     decode,
 )
 from schemas.errors import EventDecodeError
+from schemas.prompt import PoolPrompt
 from schemas.scheduler import LANE_PRIORITY
 from topics import GENERATE, Role, Topics
 from topics.catalogue import DEADLETTER, PROMPTS, REPLIES, SCHEDULER, TOKENS
@@ -70,7 +71,7 @@ class Scheduler:
                                                f"{', '.join(sorted(self.queues.pools))}.", None)
         overflow = self.queues.overflow_pool
         decision = self.queues.route(p.pool, plan.lane, plan.queue_wait_limit_s, p.route_reason,
-                                     can_overflow=any(a.pool == overflow for a in p.alternates))
+                                     can_overflow=any(a.pool == overflow for a in alternates_of(p)))
         if isinstance(decision, Refuse):
             prepared = self.canned.reply_for(p.question) if self.canned else None
             if prepared is not None:
@@ -205,9 +206,16 @@ class SchedulerStage(Stage):
             await consumer.stop()
 
 
+def alternates_of(p: PromptBuilt) -> list[PoolPrompt]:
+    """The other pools' prompts of an opened event (the stage loop opens what arrives sealed)."""
+    if isinstance(p.alternates, str):
+        raise ValueError(f"generation {p.generation_id}: alternates still sealed")
+    return p.alternates
+
+
 def prompt_for(p: PromptBuilt, pool: str) -> tuple[list[int] | str, int]:
     """The token ids and reply cap fitted for ``pool``: the main prompt, or the alternate made for it."""
-    alternate = next((a for a in p.alternates if a.pool == pool), None) if pool != p.pool else None
+    alternate = next((a for a in alternates_of(p) if a.pool == pool), None) if pool != p.pool else None
     if alternate is None:
         return p.prompt_token_ids, p.max_tokens
     return alternate.prompt_token_ids or p.prompt_token_ids, alternate.max_tokens

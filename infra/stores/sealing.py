@@ -33,6 +33,7 @@ from schemas import (
     TokensAppended,
 )
 from schemas.gateway import ChatTurn
+from schemas.prompt import PoolPrompt
 from schemas.sampling import Sampling, TokenLogprob
 
 PREFIX = "pe1."
@@ -43,7 +44,7 @@ E = TypeVar("E", bound=Event)
 SEALED_FIELDS: dict[type[Event], dict[str, str]] = {
     MessageSubmitted: {"content": "text", "history": "turns", "sampling": "sampling"},
     RequestAdmitted: {"content": "text", "history": "turns", "sampling": "sampling"},
-    PromptBuilt: {"prompt_token_ids": "ids", "question": "text", "sampling": "sampling"},
+    PromptBuilt: {"prompt_token_ids": "ids", "question": "text", "sampling": "sampling", "alternates": "alternates"},
     GenerationRequested: {"prompt_token_ids": "ids", "sampling": "sampling"},
     TokensAppended: {"text": "text", "token_ids": "ids", "logprobs": "logprobs"},
     GenerationFinished: {"text": "text"},
@@ -52,6 +53,7 @@ _JSON: dict[str, msgspec.json.Decoder[Any]] = {
     "turns": msgspec.json.Decoder(list[ChatTurn]),
     "sampling": msgspec.json.Decoder(Sampling),
     "logprobs": msgspec.json.Decoder(list[TokenLogprob]),
+    "alternates": msgspec.json.Decoder(list[PoolPrompt]),
 }
 
 

@@ -91,9 +91,8 @@ async def check(sends: list[Send], *, settings: Any, db: Any, redis: Any, since:
     from infra.stores import keys
     from infra.stores.conversations import Conversations
     from infra.stores.records import Records
-    from streams.billing import replay
-
     from infra.stores.sealing import configured
+    from streams.billing import replay
 
     conversations, saved = Conversations(db, configured(settings, db)), {}  # rows are sealed: opened to compare
     for conv in {s.conversation_id for s in sends}:

@@ -166,3 +166,18 @@ def test_the_search_key_is_per_tenant_stable_and_comes_from_the_master_key(tmp_p
     assert len(keys.index_key("ann")) == 32 and keys.index_key("ann") != keys.index_key("bob")
     assert LocalTenantKeys.under(tmp_path).index_key("ann") == keys.index_key("ann")  # same master, same key
     assert LocalTenantKeys.under(tmp_path / "other").index_key("ann") != keys.index_key("ann")
+
+
+async def test_an_alternate_prompt_for_the_overflow_pool_is_sealed_with_the_main_one(sealer: Sealer) -> None:
+    from schemas import PromptBuilt
+    from schemas.prompt import PoolPrompt
+
+    await sealer.keys.create("conv-a", "u1")
+    built = PromptBuilt(generation_id="g1", conversation_id="conv-a", user_id="u1", plan="free", pool="large",
+                        user_message_id="m1", assistant_message_id="g1", turn=0, prompt_token_ids=[5, 6, 7],
+                        max_tokens=64, reserved_tokens=100, question="where is the okapi",
+                        alternates=[PoolPrompt(pool="small", max_tokens=32, prompt_token_ids=[6, 7, 123_456])])
+    sealed = await sealer.seal(built)
+    assert is_sealed(sealed.alternates) and is_sealed(sealed.prompt_token_ids)
+    assert b"123456" not in encode(sealed) and b"okapi" not in encode(sealed)
+    assert await sealer.open(decode(encode(sealed))) == built
