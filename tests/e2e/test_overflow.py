@@ -23,6 +23,7 @@ from tests.e2e.service import Service, launch
 from tests.e2e.test_chat import history, new_conversation, saved_reply
 
 PLANS = Path(__file__).with_name("data") / "plans-overflow.toml"
+LATE = 12  # users for step 4's attempts
 FREE_LIMIT_S = 5.0  # plans-overflow.toml; the scheduler assumes 0.1 replies/s per sequence before it has seen any
 
 
@@ -62,7 +63,7 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
                                                                   client: httpx.AsyncClient) -> None:
     users = {name: await _make_user(saturated.settings, plan) for name, plan in
              [("first", "free"), ("payer", "paid"), ("overflow", "free"), ("asker", "free")]}
-    users.update({f"late{i}": await _make_user(saturated.settings, "free") for i in range(5)})
+    users.update({f"late{i}": await _make_user(saturated.settings, "free") for i in range(LATE)})
     held: list[asyncio.Task[None]] = []
     started: asyncio.Queue[list[Frame]] = asyncio.Queue()
     try:
@@ -96,7 +97,10 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
         #    both pools past the free limit and is refused at once, with a time to come back.
         saturated.procs["worker-small"].kill(signal.SIGKILL)
         refused, stuck = None, 0
-        for attempt in range(5):  # the scheduler may not have seen step 3's reply finish yet: go until both
+        # History shows step 3's reply final the moment it ended (read-your-writes), which can be before the
+        # scheduler has seen it finish: until it has, the small pool looks busy and a free request is refused.
+        # Refusals cost nothing, so go on (a second apart) until one has waited on small and one was refused.
+        for attempt in range(LATE):
             who = users[f"late{attempt}"]
             cid = await new_conversation(client, who)
             t0 = asyncio.get_running_loop().time()
@@ -107,6 +111,7 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
                     refused, elapsed, refused_user = r, asyncio.get_running_loop().time() - t0, who
                     if stuck:
                         break
+                    await asyncio.sleep(1)
                     continue
                 # accepted: it can only have gone to the small pool's queue, where it now waits for good
                 assert r.status_code == 200, await r.aread()
