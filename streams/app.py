@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import faust
+from faust.transport import drivers
+from faust.transport.drivers import aiokafka as faust_kafka
 
 from infra.config.settings import Settings
 from infra.stores.retry import until_stored
@@ -22,6 +24,22 @@ from topics.metrics import STAGE_HANDLE_SECONDS, STAGE_RECORDS
 from topics.runner import Runner
 
 log = logging.getLogger(__name__)
+TRANSPORT = "parley-kafka"  # the broker URL scheme of the transport below
+
+
+class IdempotentProducer(faust_kafka.Producer):
+    """faust's producer asks for ``acks=all`` but turns idempotence on only inside transactions; a retry
+    after a broker fails over would then write a usage record twice. Every Parley producer is idempotent."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+
+class Transport(faust_kafka.Transport):
+    Producer = IdempotentProducer
+
+
+drivers.TRANSPORTS.aliases[TRANSPORT] = f"{__name__}:Transport"
 
 
 def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
@@ -29,12 +47,12 @@ def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
     register()
     app_id = Topics(settings.topic_prefix).group(stage)
     options: dict[str, Any] = dict(
-        broker=f"kafka://{settings.kafka_bootstrap}",
+        broker=[f"{TRANSPORT}://{server}" for server in settings.kafka_bootstrap.split(",")],
         store="memory://",
         datadir=faust_datadir(settings, app_id),
         value_serializer=CODEC_NAME,
         key_serializer="raw",
-        topic_replication_factor=1,
+        topic_replication_factor=settings.kafka_replication,
         topic_partitions=1,
         web_enabled=False,
         producer_linger_ms=0,

@@ -14,23 +14,27 @@ from collections.abc import Iterable
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from topics.catalogue import Topic, Topics
+from topics.catalogue import Topics
 
 log = logging.getLogger(__name__)
 
 
-async def ensure_topics_async(bootstrap: str, prefix: str, pools: Iterable[str]) -> dict[str, str]:
-    """Return what was done per topic: created, grown, reconfigured or ok."""
+async def ensure_topics_async(bootstrap: str, prefix: str, pools: Iterable[str], replication: int = 1,
+                              min_insync: int = 1) -> dict[str, str]:
+    """Return what was done per topic: created, grown, reconfigured or ok. New topics get ``replication``
+    replicas; every topic gets ``min.insync.replicas`` = ``min_insync`` (with acks=all, a write is
+    acknowledged once that many replicas have it). A topic made with fewer replicas is reported, not moved."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         wanted = dict(Topics(prefix, pools).all())
+        configs = {n: {**t.config, "min.insync.replicas": str(min_insync)} for n, t in wanted.items()}
         existing = await _partition_counts(admin, list(wanted))
         missing = [n for n in wanted if n not in existing]
         actions = {n: "ok" for n in wanted}
         if missing:
             response = await admin.create_topics(
-                [NewTopic(n, wanted[n].partitions, 1, topic_configs=wanted[n].config) for n in missing]
+                [NewTopic(n, wanted[n].partitions, replication, topic_configs=configs[n]) for n in missing]
             )
             _raise_for_errors(response)
             actions.update({n: "created" for n in missing})
@@ -38,7 +42,7 @@ async def ensure_topics_async(bootstrap: str, prefix: str, pools: Iterable[str])
         if grow:
             await admin.create_partitions(grow)
             actions.update({n: "grown" for n in grow})
-        for name in await _misconfigured(admin, {n: wanted[n] for n in existing}):
+        for name in await _misconfigured(admin, {n: configs[n] for n in existing}):
             actions[name] = "reconfigured" if actions[name] == "ok" else actions[name] + "+reconfigured"
         if missing or grow:
             await _await_leaders(admin, {n: wanted[n].partitions for n in wanted})
@@ -106,12 +110,12 @@ async def _current_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict
     return current
 
 
-async def _misconfigured(admin: AIOKafkaAdminClient, topics: dict[str, Topic]) -> list[str]:
-    if not topics:
+async def _misconfigured(admin: AIOKafkaAdminClient, configs: dict[str, dict[str, str]]) -> list[str]:
+    if not configs:
         return []
-    current = await _current_configs(admin, list(topics))
-    wrong = [n for n, t in topics.items() if any(current.get(n, {}).get(k) != v for k, v in t.config.items())]
+    current = await _current_configs(admin, list(configs))
+    wrong = [n for n, c in configs.items() if any(current.get(n, {}).get(k) != v for k, v in c.items())]
     if wrong:
         # Non-incremental AlterConfigs replaces a topic's whole config set, so send all we manage.
-        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, n, topics[n].config) for n in wrong])
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, n, configs[n]) for n in wrong])
     return wrong

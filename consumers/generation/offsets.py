@@ -32,7 +32,9 @@ class OffsetTracker:
         progress.highest_seen = max(progress.highest_seen, offset)
 
     def finished(self, tp: object, offset: int) -> None:
-        self._partitions[tp].in_flight.discard(offset)
+        progress = self._partitions.get(tp)  # None: revoked meanwhile, the partition's next owner has it
+        if progress is not None:
+            progress.in_flight.discard(offset)
 
     def committable(self) -> dict[object, int]:
         """Offsets that moved forward since the last call to ``mark_committed``."""

@@ -81,6 +81,7 @@ class _Rebalance(ConsumerRebalanceListener):
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         await self.worker.commit()
+        await self.worker.let_go(set(revoked))
         self.worker.tracker.forget(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
@@ -141,9 +142,28 @@ class GenerationWorker:
     def stop(self) -> None:
         self._stopping.set()
 
+    async def let_go(self, revoked: set[TopicPartition]) -> None:
+        """Stop every generation whose request is on a revoked partition, and wait until none of them can
+        append again, before the rebalance goes on: the partition's next owner (another worker, or this one
+        if it gets the partition back) re-reads the uncommitted request and resumes the reply from its saved
+        tokens. Without this, two workers would append to one generation until the old one met its fence,
+        and a client could be shown the old owner's tokens past the point the new owner resumed from.
+        Kafka's eager rebalance revokes every partition, so a worker joining or leaving the pool restarts
+        each reply in flight once (from its saved tokens; the prefix cache keeps the prompt)."""
+        prefixes = tuple(f"{tp.topic}:{tp.partition}:" for tp in revoked)
+        tasks = [task for key, task in self.active.items() if key.startswith(prefixes) and not task.done()]
+        if not tasks:
+            return
+        for task in tasks:
+            task.cancel()  # vLLM aborts the sequence when its stream is closed
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.producer.flush()  # what was appended is in the log before the next owner reads it
+        log.info("worker %s let go of %d generation(s) on revoked partitions; their next owner resumes them",
+                 self.worker_id, len(tasks))
+
     async def _shutdown(self) -> None:
         for task in list(self.active.values()):
-            task.cancel()
+            task.cancel()  # not finished: left uncommitted for the next owner to resume
         await asyncio.gather(*self.active.values(), return_exceptions=True)
         await self.commit()
         await self.consumer.stop()
@@ -168,9 +188,11 @@ class GenerationWorker:
                 await asyncio.sleep(0.05)
                 continue
             for tp, record in polled:
+                key = f"{tp.topic}:{tp.partition}:{record.offset}"
                 self.tracker.started(tp, record.offset)
-                self.active[f"{tp.topic}:{tp.partition}:{record.offset}"] = asyncio.create_task(
-                    self._serve(tp, record))
+                if key in self.active:
+                    continue  # re-fetched after a rebalance while still running here: one task per request
+                self.active[key] = asyncio.create_task(self._serve(tp, record))
                 self.metrics.active(len(self.active))
             await self.commit()
 
@@ -219,6 +241,7 @@ class GenerationWorker:
     # -- one request -------------------------------------------------------------------------------------
     async def _serve(self, tp: TopicPartition, record: Any) -> None:
         key = f"{tp.topic}:{tp.partition}:{record.offset}"
+        done = True
         try:
             req = await decode_or_deadletter(record, self.producer, self.topics, self.group, (GenerationRequested,))
             if req is not None:
@@ -231,11 +254,13 @@ class GenerationWorker:
                 finally:
                     self.sealing.discard(req.generation_id)  # type: ignore[attr-defined]
         except asyncio.CancelledError:
+            done = False  # let go (rebalance, shutdown): uncommitted, so the next owner resumes it
             raise
         except Exception:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("request at %s failed outside the engine", key)
         finally:
-            self.tracker.finished(tp, record.offset)
+            if done:
+                self.tracker.finished(tp, record.offset)
             self.active.pop(key, None)
             self.metrics.active(len(self.active))
             self._slot_freed.set()

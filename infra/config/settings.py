@@ -61,6 +61,13 @@ def _log_format(raw: str) -> str:
     return value
 
 
+def _broker_count(raw: str) -> int:
+    value = int(raw)
+    if value not in (1, 3):
+        raise ValueError(f"must be 1 (one broker) or 3 (three KRaft brokers), not {raw!r}")
+    return value
+
+
 def _consistency(raw: str) -> str:
     value = raw.strip().upper()
     if value not in ("ONE", "LOCAL_ONE", "QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"):
@@ -89,7 +96,10 @@ class Settings:
     state_dir: Path = Path.home() / ".local" / "state" / "parley"
     keyspace: str = "parley"
     topic_prefix: str = ""
-    kafka_heap_mb: int = 512
+    kafka_heap_mb: int = 512  # per broker
+    # 1: one broker that is its own controller; 3: three KRaft brokers on loopback (each a controller too),
+    # topics replicated 3 times with min.insync.replicas 2, so one broker can die with nothing acknowledged lost
+    kafka_brokers: int = 1
     cassandra_heap_mb: int = 1024
     default_pool: str = "large"
     prompt_budget_tokens: int = 6000
@@ -173,7 +183,24 @@ class Settings:
 
     @property
     def kafka_bootstrap(self) -> str:
-        return self.kafka_servers or f"{self.host}:{self.ports.kafka}"
+        return self.kafka_servers or ",".join(
+            f"{self.host}:{self.kafka_node_ports(node)[0]}" for node in range(1, self.kafka_brokers + 1))
+
+    def kafka_node_ports(self, node: int) -> tuple[int, int]:
+        """Broker ``node``'s (client, controller) ports on this machine: node 1 has the configured ones,
+        each next node the pair two above (9092/9093, 9094/9095, 9096/9097)."""
+        step = 2 * (node - 1)
+        return self.ports.kafka + step, self.ports.kafka_controller + step
+
+    @property
+    def kafka_replication(self) -> int:
+        """Replicas of each topic the project creates (the internal ones included)."""
+        return min(self.kafka_brokers, 3)
+
+    @property
+    def kafka_min_insync(self) -> int:
+        """``min.insync.replicas``: with 3 replicas an acknowledged write (acks=all) is on 2 brokers at least."""
+        return max(1, self.kafka_replication - 1)
 
     @property
     def redis_url(self) -> str:
@@ -211,6 +238,7 @@ VARS: tuple[Var, ...] = (
     Var("KEYSPACE", "keyspace", str),
     Var("TOPIC_PREFIX", "topic_prefix", str),
     Var("KAFKA_HEAP_MB", "kafka_heap_mb", int),
+    Var("KAFKA_BROKERS", "kafka_brokers", _broker_count),
     Var("CASSANDRA_HEAP_MB", "cassandra_heap_mb", int),
     Var("DEFAULT_POOL", "default_pool", str),
     Var("PROMPT_BUDGET_TOKENS", "prompt_budget_tokens", int),

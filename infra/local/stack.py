@@ -33,7 +33,7 @@ from infra.config.pools import PoolConfigError, load_pools
 from infra.config.settings import POOL_PREFIX, Settings, env_var
 from infra.local import topology
 from infra.local.errors import PortInUse, StackError
-from infra.local.services import apps, java, process
+from infra.local.services import apps, java, kafka, process
 from infra.local.services.apps import App, AppSpec, LogWatch
 from infra.local.services.base import Probe, Service
 from infra.local.services.cassandra import Cassandra
@@ -59,7 +59,8 @@ class ServiceStatus:
 
 
 def services(settings: Settings) -> list[Service]:
-    return [Kafka(settings), Cassandra(settings), Redis(settings)]
+    brokers = [Kafka(settings, node) for node in range(1, settings.kafka_brokers + 1)]
+    return [*brokers, Cassandra(settings), Redis(settings)]
 
 
 @contextlib.contextmanager
@@ -166,6 +167,8 @@ def _step(label: str, fn: Callable[[Settings], object], settings: Settings, cons
 
 
 def _post_start(settings: Settings, console: Console | None) -> None:
+    if settings.kafka_brokers > 1:
+        _step("kafka brokers registered", kafka.wait_for_brokers, settings, console)
     _step("cql migrations", migrate.apply, settings, console)
     _step("kafka topics", topology.ensure_topics, settings, console)
 

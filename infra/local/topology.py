@@ -21,7 +21,8 @@ def deployment_topics(settings: Settings) -> Topics:
 
 def ensure_topics(settings: Settings) -> dict[str, str]:
     topics = deployment_topics(settings)
-    actions = asyncio.run(ensure_topics_async(settings.kafka_bootstrap, topics.prefix, topics.pools))
+    actions = asyncio.run(ensure_topics_async(settings.kafka_bootstrap, topics.prefix, topics.pools,
+                                                   settings.kafka_replication, settings.kafka_min_insync))
     changed = {n: a for n, a in actions.items() if a != "ok"}
     log.info("topics: %d in catalogue, changed %s", len(actions), changed or "none")
     return actions

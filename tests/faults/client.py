@@ -44,9 +44,13 @@ async def _events(response: httpx.Response, send: Send, last_id: list[int | None
 
 
 async def chat(url: str, token: str, user_id: str, conversation_id: str, content: str,
-               give_up_s: float = 240) -> Send:
+               give_up_s: float = 240, seen: list[Send] | None = None) -> Send:
+    """One send followed to its end; ``seen`` gets the send at once, so a test can read its generation
+    id (and what has streamed so far) while it runs."""
     headers = {"Authorization": f"Bearer {token}"}
     send = Send(user_id, conversation_id, 0)
+    if seen is not None:
+        seen.append(send)
     last_id: list[int | None] = [None]
     deadline = time.monotonic() + give_up_s
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, connect=5)) as http:

@@ -35,6 +35,26 @@ description = "the fault suite's only pool"
 """
 
 
+def free_run(n: int, tries: int = 200) -> int:
+    """The first of ``n`` consecutive free ports (a 3-broker Kafka takes pairs two apart from its base)."""
+    import random
+
+    for _ in range(tries):
+        base = random.randrange(20_000, 60_000 - n)
+        if all(_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_ports(n: int) -> list[int]:
     socks, ports = [], []
     for _ in range(n):
@@ -53,8 +73,12 @@ class PrivateStack:
     env: dict[str, str]
 
     @classmethod
-    def create(cls, root: Path) -> PrivateStack:
-        kafka, controller, cql, storage, jmx, redis, gateway, stages_metrics, worker_metrics = free_ports(9)
+    def create(cls, root: Path, brokers: int = 3) -> PrivateStack:
+        """Kafka as ``brokers`` KRaft brokers (3: replication 3, min.insync.replicas 2, so a broker can be
+        killed mid-reply)."""
+        cql, storage, jmx, redis, gateway, stages_metrics, worker_metrics = free_ports(7)
+        kafka = free_run(2 * brokers)
+        controller = kafka + 1
         # Metrics ports too: the service from `parley up` holds the fixed ones (9110-9112).
         (root / "pools.toml").write_text(POOLS_TOML + f"metrics_port = {worker_metrics}\n")
         env = {**os.environ, "PARLEY_STATE_DIR": str(root / "state"), "PARLEY_KAFKA_PORT": str(kafka),
@@ -62,6 +86,7 @@ class PrivateStack:
                "PARLEY_CASSANDRA_STORAGE_PORT": str(storage), "PARLEY_CASSANDRA_JMX_PORT": str(jmx),
                "PARLEY_REDIS_PORT": str(redis), "PARLEY_GATEWAY_PORT": str(gateway),
                "PARLEY_STAGES_METRICS_PORT": str(stages_metrics),
+               "PARLEY_KAFKA_BROKERS": str(brokers), "PARLEY_KAFKA_HEAP_MB": "256",
                "PARLEY_CASSANDRA_HEAP_MB": "512", "PARLEY_POOLS_FILE": str(root / "pools.toml"),
                "PARLEY_DEFAULT_POOL": "small", "PARLEY_KEYSPACE": "parley_faults", "PARLEY_TOPIC_PREFIX": "",
                "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
@@ -87,6 +112,9 @@ class PrivateStack:
 
     def down(self) -> None:
         self.parley("down", "--timeout", "20", timeout=300)
+
+    def kafka_nodes(self) -> list[str]:
+        return ["kafka", *(f"kafka-{n}" for n in range(2, self.settings.kafka_brokers + 1))]
 
     def pid(self, name: str) -> int:
         return int((self.state_dir / "run" / f"{name}.pid").read_text().split()[0])

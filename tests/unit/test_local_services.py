@@ -245,13 +245,37 @@ def test_cassandra_yaml_renders_absolute_paths_and_ports(tmp_path: Path) -> None
 
 
 def test_kafka_properties_follow_the_ports(tmp_path: Path) -> None:
-    props = server_properties("127.0.0.1", 19092, 19093, tmp_path / "data")
+    props = server_properties("127.0.0.1", 1, {1: (19092, 19093)}, tmp_path / "data")
     assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
     assert props["controller.quorum.voters"] == "1@127.0.0.1:19093"
     assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
     assert props["log.dirs"] == str(tmp_path / "data")
     text = render_properties(props)
     assert "listeners=PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093\n" in text
+    assert props["offsets.topic.replication.factor"] == "1" and props["min.insync.replicas"] == "1"
+
+
+def test_three_brokers_form_one_quorum_with_replication_three() -> None:
+    from infra.config.settings import Settings
+    from infra.local.stack import services
+
+    settings = Settings.from_env({"PARLEY_KAFKA_BROKERS": "3", "PARLEY_KAFKA_PORT": "19092",
+                                  "PARLEY_KAFKA_CONTROLLER_PORT": "19093"})
+    assert settings.kafka_bootstrap == "127.0.0.1:19092,127.0.0.1:19094,127.0.0.1:19096"
+    nodes = [s for s in services(settings) if s.name.startswith("kafka")]
+    assert [n.name for n in nodes] == ["kafka", "kafka-2", "kafka-3"]
+    assert [n.ports for n in nodes] == [{"client": 19092 + 2 * i, "controller": 19093 + 2 * i} for i in range(3)]
+    ports = {n: settings.kafka_node_ports(n) for n in (1, 2, 3)}
+    props = server_properties("127.0.0.1", 2, ports, Path("/d"), settings.kafka_replication, settings.kafka_min_insync)
+    assert props["node.id"] == "2"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19094,CONTROLLER://127.0.0.1:19095"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:19093,2@127.0.0.1:19095,3@127.0.0.1:19097"
+    for key in ("default.replication.factor", "offsets.topic.replication.factor",
+                "transaction.state.log.replication.factor"):
+        assert props[key] == "3", key
+    assert props["min.insync.replicas"] == props["transaction.state.log.min.isr"] == "2"
+    with pytest.raises(ValueError, match="1 .* or 3"):
+        Settings.from_env({"PARLEY_KAFKA_BROKERS": "2"})
 
 
 def test_kafka_version_comes_from_the_running_classpath(tmp_path: Path) -> None:

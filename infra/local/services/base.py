@@ -30,7 +30,7 @@ class Probe:
 
 
 class Service(ABC):
-    name: ClassVar[str]
+    name: str  # a class attribute, or per instance (Kafka's nodes)
     exe_names: ClassVar[tuple[str, ...]]
 
     def __init__(self, settings: Settings) -> None:

@@ -1,4 +1,7 @@
-"""Single-node Kafka (KRaft, combined broker + controller) from Maven Central jars on Java 17."""
+"""Kafka in KRaft mode from Maven Central jars on Java 17: one node that is broker and controller, or
+(``Settings.kafka_brokers`` = 3) three such nodes on loopback forming one cluster with a static three-voter
+quorum. Node 1 is ``kafka`` (state folder ``kafka/``, the configured ports); nodes 2 and 3 are ``kafka-2``
+and ``kafka-3`` on the port pairs two and four above. All nodes share node 1's cluster id."""
 
 from __future__ import annotations
 
@@ -7,11 +10,13 @@ import base64
 import logging
 import re
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
 from rich.console import Console
 
+from infra.config.settings import Settings, env_var
 from infra.local.errors import ServiceFailed
 from infra.local.services import java, maven, process
 from infra.local.services.base import Probe, Service
@@ -56,13 +61,17 @@ def random_cluster_id() -> str:
             return text
 
 
-def server_properties(host: str, port: int, controller_port: int, data_dir: Path) -> dict[str, str]:
-    """The broker's config: one node that is both broker and controller, with a static quorum
-    (so ``kafka-storage format`` needs no ``--standalone``), replication factors of 1."""
+def server_properties(host: str, node: int, ports: dict[int, tuple[int, int]], data_dir: Path,
+                      replication: int = 1, min_insync: int = 1) -> dict[str, str]:
+    """Node ``node``'s config: broker and controller at once, with a static quorum of every node in
+    ``ports`` (node -> (client, controller) port), so ``kafka-storage format`` needs no ``--standalone``;
+    internal topics and new topics get ``replication`` replicas and ``min_insync`` in-sync replicas."""
+    port, controller_port = ports[node]
+    r, isr = str(replication), str(min_insync)
     return {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{host}:{controller_port}",
+        "node.id": str(node),
+        "controller.quorum.voters": ",".join(f"{n}@{host}:{c}" for n, (_, c) in sorted(ports.items())),
         "controller.listener.names": "CONTROLLER",
         "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{host}:{port}",
@@ -71,16 +80,22 @@ def server_properties(host: str, port: int, controller_port: int, data_dir: Path
         "log.dirs": str(data_dir),
         "num.partitions": "1",
         "auto.create.topics.enable": "false",
-        "offsets.topic.replication.factor": "1",
+        "default.replication.factor": r,
+        "min.insync.replicas": isr,
+        "offsets.topic.replication.factor": r,
         "offsets.topic.num.partitions": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": r,
+        "transaction.state.log.min.isr": isr,
         "transaction.state.log.num.partitions": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": r,
+        "share.coordinator.state.topic.min.isr": isr,
         "group.initial.rebalance.delay.ms": "0",
         "num.network.threads": "2",
         "num.io.threads": "4",
+        # A broker that stops heartbeating is fenced (its partitions led elsewhere) after this long; Kafka's
+        # 9 s default is the longest stall a client sees when a broker of three dies.
+        "broker.heartbeat.interval.ms": "1000",
+        "broker.session.timeout.ms": "4500",
     }
 
 
@@ -94,13 +109,23 @@ class Kafka(Service):
     name = "kafka"
     exe_names = ("java",)
 
+    def __init__(self, settings: Settings, node: int = 1) -> None:
+        super().__init__(settings)
+        self.node = node
+        self.name = "kafka" if node == 1 else f"kafka-{node}"
+
     @property
     def port(self) -> int:
-        return self.settings.ports.kafka
+        return self.settings.kafka_node_ports(self.node)[0]
 
     @property
     def ports(self) -> dict[str, int]:
-        return {"client": self.port, "controller": self.settings.ports.kafka_controller}
+        return {"client": self.port, "controller": self.settings.kafka_node_ports(self.node)[1]}
+
+    @property
+    def cluster_home(self) -> Path:
+        """Node 1's folder, where the cluster id and the node count every node was formatted with live."""
+        return self.settings.state_dir / "kafka"
 
     @property
     def version(self) -> str:
@@ -108,7 +133,7 @@ class Kafka(Service):
 
     @property
     def lib(self) -> Path:
-        return maven.lib_dir(self.settings.cache_dir, self.name, self.version)
+        return maven.lib_dir(self.settings.cache_dir, type(self).name, self.version)
 
     @property
     def data_dir(self) -> Path:
@@ -124,7 +149,7 @@ class Kafka(Service):
     def install(self, console: Console | None = None) -> None:
         jvm = java.find_java17()
         maven.ensure_libs(
-            self.name, POM, self.settings.cache_dir, java_home=java.java_home(jvm), console=console
+            type(self).name, POM, self.settings.cache_dir, java_home=java.java_home(jvm), console=console
         )
 
     def _java(self, heap_mb: int) -> list[str]:
@@ -140,13 +165,26 @@ class Kafka(Service):
 
     def prepare(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        props = server_properties(
-            self.settings.host, self.port, self.settings.ports.kafka_controller, self.data_dir
-        )
+        count = self.settings.kafka_brokers
+        nodes = {n: self.settings.kafka_node_ports(n) for n in range(1, count + 1)}
+        props = server_properties(self.settings.host, self.node, nodes, self.data_dir,
+                                  self.settings.kafka_replication, self.settings.kafka_min_insync)
         self.config_file.write_text(render_properties(props))
-        if (self.data_dir / "meta.properties").exists():
+        self.cluster_home.mkdir(parents=True, exist_ok=True)
+        count_file = self.cluster_home / "brokers"
+        formatted = (self.data_dir / "meta.properties").exists()
+        if formatted:
+            was = int(count_file.read_text()) if count_file.exists() else 1
+            if was != count:
+                raise ServiceFailed(
+                    f"kafka: {self.data_dir} belongs to a {was}-broker cluster; {env_var('KAFKA_BROKERS')} is {count}",
+                    hint=f"set {env_var('KAFKA_BROKERS')}={was}, or `parley down` and remove "
+                         f"{self.settings.state_dir}/kafka* to start an empty {count}-broker cluster",
+                )
             return  # formatted once already; formatting again would refuse or wipe nothing
-        id_file = self.home / "cluster.id"
+        if self.node == 1 and not count_file.exists():
+            count_file.write_text(f"{count}\n")
+        id_file = self.cluster_home / "cluster.id"
         if not id_file.exists() or id_file.read_text().startswith("-"):  # never formatted with that one
             id_file.write_text(random_cluster_id() + "\n")
         cluster_id = id_file.read_text().strip()
@@ -183,11 +221,27 @@ class Kafka(Service):
         if not process.port_open(self.settings.host, self.port, timeout=min(timeout, 1.0)):
             return Probe(False, detail="not listening")
         try:
-            brokers = asyncio.run(asyncio.wait_for(_describe_cluster(self.settings.kafka_bootstrap), timeout))
+            brokers = asyncio.run(asyncio.wait_for(_describe_cluster(self.address), timeout))
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
             return Probe(False, detail=f"metadata request failed: {type(exc).__name__}: {exc}"[:200])
         version = self.version_hint()
-        return Probe(True, version=version, detail=f"{brokers} broker(s), metadata ok")
+        return Probe(True, version=version, detail=f"{brokers} of {self.settings.kafka_brokers} broker(s), metadata ok")
+
+
+def wait_for_brokers(settings: Settings, timeout: float = 90.0) -> int:
+    """Block until the cluster's metadata lists every configured broker (a topic with 3 replicas cannot be
+    made before); returns how many are registered. Raises ServiceFailed naming the count seen."""
+    began, seen = time.monotonic(), 0
+    while time.monotonic() - began < timeout:
+        try:
+            seen = asyncio.run(asyncio.wait_for(_describe_cluster(settings.kafka_bootstrap), 5.0))
+        except Exception:  # noqa: BLE001 - not ready yet
+            seen = 0
+        if seen >= settings.kafka_brokers:
+            return seen
+        time.sleep(0.5)
+    raise ServiceFailed(f"kafka: {seen} of {settings.kafka_brokers} brokers registered after {timeout:.0f} s",
+                        hint=f"read {settings.state_dir}/logs/kafka*.log")
 
 
 async def _describe_cluster(bootstrap: str) -> int:
