@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -28,10 +29,12 @@ from typing import Any
 import httpx
 
 from consumers.generation.engine import engine_kwargs
+from schemas import TokensAppended
 from tests.benchmarks import common, cpu_split
 from tests.benchmarks.common import ratio
 from tests.benchmarks.profiling import Profiler
 from tests.e2e.service import free_port
+from topics import Topics
 
 POOL_ENV = {"PARLEY_POOL_LARGE_MAX_SEQS": "16", "PARLEY_POOL_LARGE_MAX_BATCHED_TOKENS": "256",
             "PARLEY_POOL_LARGE_KV_CACHE_GIB": "2"}
@@ -83,20 +86,63 @@ def measured(run: Any, pids: dict[str, int], c: int, side: str,
     return result
 
 
+HOPS = ("admission", "prompt", "scheduler", "worker_pickup", "engine_first_token", "worker_append", "to_a_reader")
+
+
+def inner_hops(events: dict[str, list[tuple[float, int, Any]]]) -> dict[str, Any]:
+    """p50 and p95 of each hop inside the pipeline, per reply, from each event's own timestamp: submitted ->
+    admitted -> prompt built -> generation requested -> picked up by the worker -> first token out of the
+    engine -> first token appended -> that append read by a consumer of chat.tokens (what a gateway's relay
+    does next). The client's side (HTTP in, SSE out) is in vLLM bench's TTFT only."""
+    per_hop: dict[str, list[float]] = {h: [] for h in HOPS}
+    for records in events.values():
+        first: dict[str, tuple[float, Any]] = {}
+        for arrived, _, e in records:
+            if isinstance(e, TokensAppended) and not e.text:
+                continue
+            first.setdefault(type(e).__name__, (arrived, e))
+        need = ("MessageSubmitted", "RequestAdmitted", "PromptBuilt", "GenerationRequested", "GenerationStarted",
+                "TokensAppended", "GenerationFinished")
+        if not all(k in first for k in need):
+            continue
+        appended_arrived, appended = first["TokensAppended"]
+        marks = [first["MessageSubmitted"][1].at, first["RequestAdmitted"][1].at, first["PromptBuilt"][1].at,
+                 first["GenerationRequested"][1].at, first["GenerationFinished"][1].started_at,
+                 first["GenerationStarted"][1].first_token_at, appended.at, appended_arrived]
+        for hop, (a, b) in zip(HOPS, itertools.pairwise(marks), strict=True):
+            per_hop[hop].append((b - a) * 1000)
+    return {"replies": min((len(v) for v in per_hop.values()), default=0),
+            "p50_ms": {h: round(common.pct(v, 50), 1) for h, v in per_hop.items() if v},
+            "p95_ms": {h: round(common.pct(v, 95), 1) for h, v in per_hop.items() if v}}
+
+
 async def parley_side(ns: argparse.Namespace, env: dict[str, str], pool: Any) -> dict[int, dict[str, Any]]:
     settings = await common.bench_settings("peer")
     user = (await common.make_users(settings, "paid", 1))[0]
     svc = common.service(settings, "peer", **env)
+    topics = Topics(settings.topic_prefix)
+    tap = common.TokenTap(settings, [topics.requests, topics.admitted, topics.prompts,
+                                     topics.generate("large", "paid")])
     try:
         common.start_pipeline(svc)
         url = svc.url("gateway-a")
         own = {name: p.popen.pid for name, p in svc.procs.items()}
         pids = {**cpu_split.with_children(own, ("worker-large",)), **cpu_split.backbone_pids(settings)}
         top = max(ns.levels)
-        return {c: measured(lambda c: bench(url, pool.model_dir, pool.served_model_name, c, ns, "parley",
-                                            user.token), pids, c, "parley",
-                            own if ns.profile and c == top else None) for c in ns.levels}
+        await tap.start()
+        out = {}
+        for c in ns.levels:  # in a thread, so the tap keeps reading while vLLM bench runs
+            out[c] = await asyncio.to_thread(
+                measured, lambda c: bench(url, pool.model_dir, pool.served_model_name, c, ns, "parley", user.token),
+                pids, c, "parley", own if ns.profile and c == top else None)
+            await asyncio.sleep(1)  # the level's last events reach the tap
+            out[c]["hops"] = inner_hops(tap.events)
+            tap.events.clear()
+            hops = out[c]["hops"]["p50_ms"]
+            print(f"   parley c={c:<3} hops p50 (ms): " + ", ".join(f"{k} {v}" for k, v in hops.items()))
+        return out
     finally:
+        await tap.stop()
         common.stop_service(svc)
         await common.delete_topics(settings)
 
@@ -141,6 +187,12 @@ def vllm_side(ns: argparse.Namespace, pool: Any) -> dict[int, dict[str, Any]]:
         proc.wait(timeout=60)
 
 
+def hop_table(parley: dict[int, dict[str, Any]]) -> None:
+    print("\n| hop (p50 ms) | " + " | ".join(f"c={c}" for c in sorted(parley)) + " |\n|---|" + "---|" * len(parley))
+    for hop in HOPS:
+        print(f"| {hop} | " + " | ".join(str(parley[c]["hops"]["p50_ms"].get(hop, "-")) for c in sorted(parley)) + " |")
+
+
 def table(parley: dict[int, dict[str, Any]], vllm: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     print("\n| concurrency | measure | Parley | vLLM alone | ratio |\n|---|---|---|---|---|")
@@ -168,6 +220,7 @@ async def main(ns: argparse.Namespace) -> None:
     parley = await parley_side(ns, env, pool)
     vllm = vllm_side(ns, pool)
     rows = table(parley, vllm)
+    hop_table(parley)
     failed = {side: sum(r.get("failed", 0) for r in res.values()) for side, res in (("parley", parley),
                                                                                     ("vllm", vllm))}
     print(f"\nfailed requests: {failed}")

@@ -35,15 +35,29 @@ description = "the fault suite's only pool"
 """
 
 
-def free_run(n: int, tries: int = 200) -> int:
-    """The first of ``n`` consecutive free ports (a 3-broker Kafka takes pairs two apart from its base)."""
+def _below_ephemeral() -> tuple[int, int]:
+    """Ports the kernel never hands out as a client's source port. A service port inside the ephemeral range
+    can be taken while its service is down: a client reconnecting to 127.0.0.1:P may be given P as its own
+    source port and connect to itself (TCP simultaneous open), and the restarted service then fails to bind
+    (seen with a Kafka broker restarted after 40 s down)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return 10_000, max(low, 12_000)
+
+
+def free_run(n: int, tries: int = 500) -> int:
+    """The first of ``n`` consecutive free ports below the ephemeral range (a 3-broker Kafka takes pairs
+    two apart from its base)."""
     import random
 
+    low, high = _below_ephemeral()
     for _ in range(tries):
-        base = random.randrange(20_000, 60_000 - n)
+        base = random.randrange(low, high - n)
         if all(_free(base + i) for i in range(n)):
             return base
-    raise RuntimeError(f"no {n} consecutive free ports found")
+    raise RuntimeError(f"no {n} consecutive free ports found in {low}-{high}")
 
 
 def _free(port: int) -> bool:
@@ -56,14 +70,12 @@ def _free(port: int) -> bool:
 
 
 def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+    """``n`` distinct free ports below the ephemeral range."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_run(1)
+        if port not in ports:
+            ports.append(port)
     return ports
 
 
@@ -112,6 +124,24 @@ class PrivateStack:
 
     def down(self) -> None:
         self.parley("down", "--timeout", "20", timeout=300)
+
+    def log_summary(self, top: int = 6) -> list[str]:
+        """Per service log: its most frequent warnings and errors (JSON lines; message texts are never logged)."""
+        from collections import Counter
+
+        lines = []
+        for path in sorted((self.state_dir / "logs").glob("*.log")):
+            counts: Counter[str] = Counter()
+            with path.open(errors="replace") as fh:
+                for line in fh:
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(entry, dict) and entry.get("level") in ("WARNING", "ERROR", "CRITICAL"):
+                        counts[f"{entry['level']} {entry.get('logger')}: {str(entry.get('msg'))[:140]}"] += 1
+            lines += [f"{path.stem}: {n} x {what}" for what, n in counts.most_common(top)]
+        return lines
 
     def kafka_nodes(self) -> list[str]:
         return ["kafka", *(f"kafka-{n}" for n in range(2, self.settings.kafka_brokers + 1))]

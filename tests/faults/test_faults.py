@@ -31,6 +31,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateStack]:
         private.up()
         yield private
     finally:
+        print("\n".join(private.log_summary()))  # what each process complained of, for a failed run
         private.down()
         print("\n".join(RESULTS))
 
@@ -133,16 +134,16 @@ async def test_redis_sigkill_and_restart(stack: PrivateStack, user: tuple[str, s
     await _with_fault(stack, user, "Redis SIGKILL + restart", kill_and_restart)
 
 
-async def test_cassandra_sigstop_20s(stack: PrivateStack, user: tuple[str, str]) -> None:
+async def test_cassandra_sigstop_60s(stack: PrivateStack, user: tuple[str, str]) -> None:
     async def pause() -> None:
         pid = stack.pid("cassandra")
         os.kill(pid, signal.SIGSTOP)
         try:
-            await asyncio.sleep(20)
+            await asyncio.sleep(60)
         finally:
             os.kill(pid, signal.SIGCONT)
 
-    await _with_fault(stack, user, "Cassandra SIGSTOP 20 s", pause)
+    await _with_fault(stack, user, "Cassandra SIGSTOP 60 s", pause)
 
 
 async def test_gateway_sigkill_clients_resume(stack: PrivateStack, user: tuple[str, str]) -> None:
