@@ -156,10 +156,18 @@ async def _chunks(jobs: list[Job], include_usage: bool) -> AsyncGenerator[bytes,
     gid, beats = jobs[0].generation_id, [job.reading() for job in jobs]
     sent = {job.index: "" for job in jobs}
     usages: dict[int, Any] = {}
+    opened: set[int] = set()
+
+    def role(job: Job) -> bytes:
+        """A choice's first chunk (its role), sent with its first token as vLLM's server and OpenAI do, not on
+        acceptance: a client timing the first chunk (vLLM's own benchmark does) then measures the first token."""
+        if job.index in opened:
+            return b""
+        opened.add(job.index)
+        return compat.chunk(gid, job.model, {"role": "assistant", "content": ""}, include_usage=include_usage,
+                            index=job.index)
+
     try:
-        for job in jobs:
-            yield compat.chunk(gid, job.model, {"role": "assistant", "content": ""}, include_usage=include_usage,
-                               index=job.index)
         async for job, event in jobs_.merged(jobs, idle_s=jobs[0].gw.keepalive_s):
             if event is None:
                 yield KEEPALIVE
@@ -167,6 +175,8 @@ async def _chunks(jobs: list[Job], include_usage: bool) -> AsyncGenerator[bytes,
                 job.model = event.model
             elif isinstance(event, TokensAppended) and event.text:
                 sent[job.index] += event.text
+                if job.index not in opened:
+                    yield role(job)
                 yield compat.chunk(gid, job.model, {"content": event.text}, include_usage=include_usage,
                                    index=job.index,
                                    logprobs=event.logprobs if isinstance(event.logprobs, list) else None)
@@ -179,8 +189,9 @@ async def _chunks(jobs: list[Job], include_usage: bool) -> AsyncGenerator[bytes,
                 if event.status == "failed":
                     yield _failed(event)
                     return
-                for line in _ending(gid, job.index, event, sent[job.index], include_usage):
-                    yield line
+                for line in [role(job), *_ending(gid, job.index, event, sent[job.index], include_usage)]:
+                    if line:
+                        yield line
                 usages[job.index] = event.usage
                 if len(usages) == len(jobs):
                     if include_usage:

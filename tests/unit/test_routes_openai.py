@@ -162,3 +162,29 @@ async def test_a_background_response_is_never_cancelled_by_its_client_leaving(ca
     job.close()
     await asyncio.sleep(0)
     assert cancels == [] and job.gw.relay.unsubscribed  # type: ignore[attr-defined]
+
+
+async def test_the_role_chunk_comes_with_the_first_token_not_before_it(cancels: list[str]) -> None:
+    """vLLM's server and OpenAI send a choice's role with its first token; a client timing the first chunk (vLLM's
+    benchmark does) must be timing the first token, not the request's acceptance."""
+    gid = new_id()
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    queue.put_nowait((0, GenerationQueued(**ids(gid), pool="large", model="Served", lane="paid", position=3,
+                                          estimated_wait_s=2)))
+    job = jobs.Job(FakeGateway(), Accepted(gid, queue, []), "c", "u", "Smol", 0)  # type: ignore[arg-type]
+
+    async def first_token_later() -> None:
+        await asyncio.sleep(0.2)  # four keep-alive intervals with no token yet
+        queue.put_nowait((1, TokensAppended(**ids(gid), seq=0, text="Hi", token_ids=[1])))
+
+    later = asyncio.create_task(first_token_later())
+    lines: list[bytes] = []
+    async for line in routes_openai._chunks([job], include_usage=False):
+        lines.append(line)
+        if b'"Hi"' in line:
+            break
+    await later
+    data = [i for i, line in enumerate(lines) if line.startswith(b"data: ")]
+    assert data[0] > 0 and all(line == routes_openai.KEEPALIVE for line in lines[:data[0]])
+    assert payloads(lines)[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert payloads(lines)[1]["choices"][0]["delta"] == {"content": "Hi"}
