@@ -98,10 +98,15 @@ class Persistence:
         await self._save_generation(e)
         if e.text.strip():  # no reply text: the conversation does not move up, nor enter the list
             await self.conversations.touch(conv, finished_at)
-        await self._index(e)
+        # An OpenAI-endpoint call is not in the sidebar, so it is neither searched nor titled there: indexing its
+        # message (up to 400 words, a row per word prefix) and asking the small pool for a title were most of
+        # the pipeline's CPU per API reply, and the title a second generation nobody would read.
+        page = conv.source != "api"
+        if page:
+            await self._index(e)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
                  e.usage.prompt_tokens, e.usage.completion_tokens)
-        if conv.title is None and e.text.strip():  # complete, stopped or cut at the length limit alike
+        if page and conv.title is None and e.text.strip():  # complete, stopped or cut at the length limit alike
             return await self._ask_for_title(e)
         return []
 

@@ -26,7 +26,7 @@ from producers.gateway import ratelimit, sampling_params, submission
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.jobs import CancelOnLeave, Job
 from producers.gateway.routes_chat import SSE_HEADERS
-from producers.gateway.sse import KEEPALIVE
+from producers.gateway.sse import BLANK_KEEPALIVE
 from producers.gateway.state import Gateway
 from schemas import (
     GenerationFinished,
@@ -170,7 +170,7 @@ async def _chunks(jobs: list[Job], include_usage: bool) -> AsyncGenerator[bytes,
     try:
         async for job, event in jobs_.merged(jobs, idle_s=jobs[0].gw.keepalive_s):
             if event is None:
-                yield KEEPALIVE
+                yield BLANK_KEEPALIVE
             elif isinstance(event, (GenerationQueued, GenerationStarted)):
                 job.model = event.model
             elif isinstance(event, TokensAppended) and event.text:

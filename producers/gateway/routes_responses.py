@@ -31,7 +31,7 @@ from producers.gateway import submission
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.jobs import CancelOnLeave, Job
 from producers.gateway.routes_chat import SSE_HEADERS
-from producers.gateway.sse import KEEPALIVE
+from producers.gateway.sse import BLANK_KEEPALIVE
 from producers.gateway.state import OWNER_TTL_S, Gateway
 from producers.gateway.streaming import keep_beating
 from schemas import MessageSubmitted, Usage, id_time_ms, new_id
@@ -245,7 +245,7 @@ async def _live(job: Job, echo: dict[str, Any]) -> AsyncGenerator[bytes, None]:
             yield rc.sse(event)
         async for _, event in jobs_.merged([job], idle_s=job.gw.keepalive_s):
             if event is None:
-                yield KEEPALIVE
+                yield BLANK_KEEPALIVE
                 continue
             for out in stream.feed(event):
                 yield rc.sse(out)
@@ -270,7 +270,7 @@ async def _resumed(gw: Gateway, gid: str, meta: dict[str, Any], after: int) -> A
                 yield rc.sse(item)
         async for event in _events(gw, gid):
             if event is None:
-                yield KEEPALIVE
+                yield BLANK_KEEPALIVE
                 continue
             out = []
             if event is REPLAYED:

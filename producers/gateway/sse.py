@@ -10,6 +10,11 @@ from schemas import GenerationFinished, GenerationQueued, GenerationRetracted, R
 
 STOP_REASONS = {"complete": "end", "stopped": "stopped", "length": "length", "failed": "error", "blocked": "blocked"}
 KEEPALIVE = b": keep-alive\n\n"
+# The OpenAI-compatible streams keep an idle connection open with an empty line instead: valid SSE (a blank
+# line with no data dispatches nothing), and safe for clients that strip each network read before splitting on
+# blank lines. vLLM's own benchmark does; a comment read alone then glued itself to every later event, and a
+# reply that waited in the queue long enough for a keep-alive came back with no chunk at all.
+BLANK_KEEPALIVE = b"\n"
 # A browser's EventSource waits this long before reconnecting with Last-Event-ID (its default is
 # about 3 s, longer than the reader timeout allows in tests, and longer than a person wants).
 RECONNECT_MS = 1000

@@ -55,27 +55,32 @@ def bench(base_url: str, model_dir: str, served: str, concurrency: int, ns: argp
             "--random-input-len", str(ns.input_len), "--random-output-len", str(ns.output_len),
             "--num-prompts", str(max(ns.prompts_per_level * concurrency, 4)), "--max-concurrency", str(concurrency),
             "--seed", "0", "--save-result", "--result-dir", str(out_dir), "--result-filename", name,
-            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,95", "--disable-tqdm"]
+            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,95", "--disable-tqdm",
+            "--save-detailed"]
     env = dict(os.environ, OPENAI_API_KEY=api_key) if api_key else dict(os.environ)
     done = subprocess.run([sys.executable, "-c", BENCH, *args], env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"vllm bench against {side} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     result = json.loads((out_dir / name).read_text())
+    errors = sorted({str(e)[:200] for e in result.pop("errors", None) or [] if e})
+    result["error_kinds"] = errors  # the per-request lists stay in the file; the summary keeps the reasons
+    for key in ("ttfts", "itls", "generated_texts", "input_lens", "output_lens", "start_times"):
+        result.pop(key, None)
     print(f"   {side:6} c={concurrency:<3} completed={result['completed']} failed={result.get('failed', 0)} "
           f"out={result['output_throughput']:.1f} tok/s ttft_p50={result['median_ttft_ms']:.0f} ms "
-          f"tpot_p50={result['median_tpot_ms']:.1f} ms")
+          f"tpot_p50={result['median_tpot_ms']:.1f} ms" + (f" errors: {errors}" if errors else ""))
     return result
 
 
 def measured(run: Any, pids: dict[str, int], c: int, side: str,
-             profile: dict[str, int] | None = None) -> dict[str, Any]:
+             profile: dict[str, int] | None = None, idle: dict[str, float] | None = None) -> dict[str, Any]:
     """One level with each process's CPU seconds counted around it (and py-spy on ``profile`` if asked)."""
     profiler = Profiler(profile, common.RESULTS / "profiles", f"peer-{side}-c{c}") if profile else None
     profiling = profiler.start() if profiler else False
     before, started = cpu_split.snapshot(pids), time.time()
     result = run(c)
     split = cpu_split.split(before, cpu_split.snapshot(pids), int(result.get("total_output_tokens", 0)),
-                            time.time() - started)
+                            time.time() - started, idle)
     cpu_split.print_split(side, c, split)
     result["cpu"] = split
     if profiling and profiler:
@@ -130,11 +135,13 @@ async def parley_side(ns: argparse.Namespace, env: dict[str, str], pool: Any) ->
         pids = {**cpu_split.with_children(own, ("worker-large",)), **cpu_split.backbone_pids(settings)}
         top = max(ns.levels)
         await tap.start()
+        idle = await asyncio.to_thread(cpu_split.idle_rates, pids)
+        print(f"   parley idle CPU (cores): {idle}")
         out = {}
         for c in ns.levels:  # in a thread, so the tap keeps reading while vLLM bench runs
             out[c] = await asyncio.to_thread(
                 measured, lambda c: bench(url, pool.model_dir, pool.served_model_name, c, ns, "parley", user.token),
-                pids, c, "parley", own if ns.profile and c == top else None)
+                pids, c, "parley", own if ns.profile and c == top else None, idle)
             await asyncio.sleep(1)  # the level's last events reach the tap
             out[c]["hops"] = inner_hops(tap.events)
             tap.events.clear()
@@ -180,8 +187,10 @@ def vllm_side(ns: argparse.Namespace, pool: Any) -> dict[int, dict[str, Any]]:
 
         pids = {**cpu_split.with_children({"vllm server": proc.pid}, ("vllm server",)),
                 **cpu_split.backbone_pids(Settings.from_env())}
+        idle = cpu_split.idle_rates(pids)
+        print(f"   vllm idle CPU (cores): {idle}")
         return {c: measured(lambda c: bench(f"http://127.0.0.1:{port}", pool.model_dir, pool.served_model_name,
-                                            c, ns, "vllm"), pids, c, "vllm") for c in ns.levels}
+                                            c, ns, "vllm"), pids, c, "vllm", None, idle) for c in ns.levels}
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)

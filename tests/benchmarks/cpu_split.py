@@ -58,9 +58,21 @@ def snapshot(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
-def split(before: dict[str, float], after: dict[str, float], tokens: int, seconds: float) -> dict[str, Any]:
+def idle_rates(pids: dict[str, int], seconds: float = 10.0) -> dict[str, float]:
+    """Each process's CPU (cores) with no request in flight: polling, heartbeats, timers."""
+    import time
+
+    before = snapshot(pids)
+    time.sleep(seconds)
+    after = snapshot(pids)
+    return {n: round(max(after[n] - b, 0.0) / seconds, 4) for n, b in before.items() if n in after}
+
+
+def split(before: dict[str, float], after: dict[str, float], tokens: int, seconds: float,
+          idle: dict[str, float] | None = None) -> dict[str, Any]:
     """Per process: CPU seconds, share of one core, ms per 1,000 delivered tokens; plus the pipeline's and
-    the engine's totals."""
+    the engine's totals, and (given each process's ``idle`` rate in cores) the pipeline's less what it would
+    have spent idle over the same time: the cost the tokens added."""
     rows = {}
     for name, start in before.items():
         if name in after:
@@ -70,9 +82,18 @@ def split(before: dict[str, float], after: dict[str, float], tokens: int, second
     engine = sum(r["cpu_s"] for n, r in rows.items() if n.startswith(ENGINE))
     backbone = sum(r["cpu_s"] for n, r in rows.items() if n in BACKBONE)
     pipeline = sum(r["cpu_s"] for n, r in rows.items() if not n.startswith(ENGINE))
-    return {"tokens": tokens, "seconds": round(seconds, 2), "processes": rows,
-            "engine_ms_per_1k": _per_1k(engine, tokens), "pipeline_ms_per_1k": _per_1k(pipeline, tokens),
-            "pipeline_without_backbone_ms_per_1k": _per_1k(pipeline - backbone, tokens)}
+    idle_pipeline = sum(c for n, c in (idle or {}).items() if n in rows and not n.startswith(ENGINE)) * seconds
+    idle_own = sum(c for n, c in (idle or {}).items() if n in rows and not n.startswith(ENGINE)
+                   and n not in BACKBONE) * seconds
+    out = {"tokens": tokens, "seconds": round(seconds, 2), "processes": rows,
+           "engine_ms_per_1k": _per_1k(engine, tokens), "pipeline_ms_per_1k": _per_1k(pipeline, tokens),
+           "pipeline_without_backbone_ms_per_1k": _per_1k(pipeline - backbone, tokens)}
+    if idle is not None:
+        out["idle_cores"] = idle
+        out["pipeline_less_idle_ms_per_1k"] = _per_1k(max(pipeline - idle_pipeline, 0.0), tokens)
+        out["pipeline_without_backbone_less_idle_ms_per_1k"] = _per_1k(max(pipeline - backbone - idle_own, 0.0),
+                                                                       tokens)
+    return out
 
 
 def _per_1k(cpu_s: float, tokens: int) -> float:
@@ -86,3 +107,6 @@ def print_split(side: str, level: int, s: dict[str, Any]) -> None:
         print(f"   | {name} | {r['cpu_s']:.2f} | {r['cores']:.2f} | {r['ms_per_1k_tokens']:.0f} |")
     print(f"   engine {s['engine_ms_per_1k']} ms/1k tokens; everything else {s['pipeline_ms_per_1k']} ms/1k "
           f"({s['pipeline_without_backbone_ms_per_1k']} without the shared backbone)")
+    if "pipeline_less_idle_ms_per_1k" in s:
+        print(f"   less each process's idle rate: everything else {s['pipeline_less_idle_ms_per_1k']} ms/1k "
+              f"({s['pipeline_without_backbone_less_idle_ms_per_1k']} without the shared backbone)")

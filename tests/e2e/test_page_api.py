@@ -22,6 +22,8 @@ async def test_api_conversations_are_not_in_the_sidebar(open_page: OpenPage, ser
         await client.responses.create(model="large", input="Made by the Responses API", max_output_tokens=4)
     api = (await http.get("/v1/conversations", params={"source": "api"}, headers=alice.headers)).json()["items"]
     assert len(api) == 2  # they exist, listed over the API with the filter
+    found = (await http.get("/v1/search", params={"q": "api"}, headers=alice.headers)).json()["items"]
+    assert found == []  # and, like the sidebar, its search leaves them out (they are not indexed)
     page = await open_page()
     await sign_in(page, alice)
     await until(page, "document.querySelectorAll('#conversation-list a').length >= 1")

@@ -37,6 +37,30 @@ async def test_a_finished_reply_is_saved_and_asks_the_small_pool_for_a_title_onc
     assert len(convs.messages) == 1
 
 
+async def test_an_api_conversation_is_saved_but_neither_indexed_nor_titled() -> None:
+    import dataclasses
+
+    class Index:
+        def __init__(self) -> None:
+            self.indexed: list[str] = []
+
+        async def index(self, user_id: str, conversation_id: str, message_id: str, turn: int, text: str) -> None:
+            self.indexed.append(message_id)
+
+    convs = FakeConversations(dataclasses.replace(conversation(), source="api"))
+    index, records = Index(), FakeRecords()
+    p = Persistence(convs, records, FakeRedis(), Topics("t."), lambda m: [1], search=index)  # type: ignore[arg-type]
+    assert await p.handle(finished()) == []  # no title request
+    assert convs.messages[("c", 0, "g1")].content == "Paris." and records.generations["g1"]["status"] == "complete"
+    assert index.indexed == []
+    page_convs = FakeConversations(conversation())
+    page_convs.messages[("c", 0, "um")] = dataclasses.replace(convs.messages[("c", 0, "g1")], message_id="um",
+                                                              role="user", content="Capital?")
+    page = Persistence(page_convs, FakeRecords(), FakeRedis(), Topics("t."), lambda m: [1],  # type: ignore[arg-type]
+                       search=index)
+    assert len(await page.handle(finished())) == 1 and index.indexed == ["um", "g1"]  # a page one is both
+
+
 async def test_a_titled_conversation_or_a_reply_with_no_text_asks_for_no_title() -> None:
     titled, _, _ = persistence(title="Capitals")
     assert await titled.handle(finished()) == []

@@ -185,6 +185,34 @@ async def test_the_role_chunk_comes_with_the_first_token_not_before_it(cancels: 
             break
     await later
     data = [i for i, line in enumerate(lines) if line.startswith(b"data: ")]
-    assert data[0] > 0 and all(line == routes_openai.KEEPALIVE for line in lines[:data[0]])
+    assert data[0] > 0 and all(line == routes_openai.BLANK_KEEPALIVE for line in lines[:data[0]])
     assert payloads(lines)[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert payloads(lines)[1]["choices"][0]["delta"] == {"content": "Hi"}
+
+
+async def test_vllm_benchmarks_stream_parser_sees_every_chunk_after_keep_alives(cancels: list[str]) -> None:
+    """vLLM's benchmark strips each network read and splits on blank lines: a keep-alive read on its own must not
+    swallow the chunks after it (a comment did, and a queued reply came back with none)."""
+    from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler
+
+    gid = new_id()
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    job = jobs.Job(FakeGateway(), Accepted(gid, queue, []), "c", "u", "Smol", 0)  # type: ignore[arg-type]
+
+    async def later() -> None:
+        await asyncio.sleep(0.2)  # queued: keep-alives go out meanwhile
+        for seq, text in enumerate(("Hel", "lo")):
+            queue.put_nowait((seq, TokensAppended(**ids(gid), seq=seq, text=text, token_ids=[seq])))
+        queue.put_nowait((2, GenerationFinished(**ids(gid), plan="paid", message_id="m", status="complete",
+                                                text="Hello", usage=Usage(prompt_tokens=3, completion_tokens=2),
+                                                model="Served", pool="large", worker_id="w")))
+
+    feeding = asyncio.create_task(later())
+    handler, messages = StreamedResponseHandler(), []
+    async for read in routes_openai._chunks([job], include_usage=False):  # each yield arrives as its own read
+        if read.strip():
+            messages += handler.add_chunk(read.strip())
+    await feeding
+    chunks = [orjson.loads(m.removeprefix("data: ")) for m in messages if m.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "Hello"
+    assert messages[-1] == "data: [DONE]"
