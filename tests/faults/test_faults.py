@@ -22,6 +22,7 @@ from tests.faults.private_stack import PrivateStack
 pytestmark = pytest.mark.faults
 QUESTION = "Write three sentences about the sea, then three about mountains."
 RESULTS: list[str] = []
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateStack]:
         print("\n".join(private.log_summary()))  # what each process complained of, for a failed run
         private.down()
         print("\n".join(RESULTS))
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)  # the figures, kept where a passing run leaves them
+        (ARTIFACTS / "faults.txt").write_text("\n".join(RESULTS) + "\n")
 
 
 @pytest.fixture(scope="module")
