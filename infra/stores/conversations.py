@@ -166,6 +166,16 @@ class Conversations:
             await self.db.execute(
                 "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
                 (conv.user_id, before, conv.conversation_id))
+        rows = await self.db.execute("SELECT user_id, deleted FROM conversations WHERE conversation_id = ?",
+                                     (conv.conversation_id,))
+        if not rows or rows[0].deleted or rows[0].user_id is None:
+            # Deleted while this touch ran (a reply saved as its owner deleted everything): take back the list
+            # row just written, so a deleted conversation never reappears in the sidebar.
+            await self.db.execute(
+                "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
+                (conv.user_id, at, conv.conversation_id))
+            if rows and rows[0].user_id is None:  # purged already: the UPDATE above made a stub of the row
+                await self.db.execute("DELETE FROM conversations WHERE conversation_id = ?", (conv.conversation_id,))
         return new
 
     async def rename(self, conv: Conversation, title: str) -> None:

@@ -35,6 +35,20 @@ async def test_conversations_list_newest_first_with_cursor(db) -> None:  # type:
     assert [c.updated_at for c in page1 + page2] == sorted((c.updated_at for c in page1 + page2), reverse=True)
 
 
+async def test_a_reply_saved_after_its_conversation_was_deleted_does_not_list_it_again(db) -> None:  # type: ignore[no-untyped-def]
+    """Persistence read the conversation, its owner deleted everything, then the reply's touch moved it to the top
+    of the list: the touch sees the deletion and takes its list row back."""
+    convs = Conversations(db)
+    user = new_id()
+    conv = await convs.create(user, title="gone soon")
+    kept = await convs.create(user, title="kept")
+    await convs.mark_deleted(conv)  # hidden, and its list rows removed (as delete-all does)
+    await convs.touch(conv, datetime.now(UTC) + timedelta(seconds=5))  # the late reply's bump
+    listed, _ = await convs.list_for_user(user, limit=10, source=None)
+    assert [c.conversation_id for c in listed] == [kept.conversation_id]
+    assert await convs.get(conv.conversation_id) is None
+
+
 async def test_api_conversations_are_listed_only_when_asked_for(db) -> None:  # type: ignore[no-untyped-def]
     convs = Conversations(db)
     user = new_id()
