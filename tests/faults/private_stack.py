@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.config.settings import Settings
+from infra.local.services import process
 
 POOLS_TOML = """
 [defaults]
@@ -55,18 +55,9 @@ def free_run(n: int, tries: int = 500) -> int:
     low, high = _below_ephemeral()
     for _ in range(tries):
         base = random.randrange(low, high - n)
-        if all(_free(base + i) for i in range(n)):
+        if all(process.port_free("127.0.0.1", base + i) for i in range(n)):
             return base
     raise RuntimeError(f"no {n} consecutive free ports found in {low}-{high}")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def free_ports(n: int) -> list[int]:

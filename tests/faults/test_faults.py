@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.local.services import process
 from tests.faults.client import chat, new_conversation
 from tests.faults.invariants import Counts, Send, check
 from tests.faults.private_stack import PrivateStack
@@ -283,7 +284,7 @@ async def test_kafka_stop_and_start(stack: PrivateStack, user: tuple[str, str]) 
         began = time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGTERM)
-        while any(_alive(pid) for pid in pids) and time.monotonic() - began < 60:
+        while any(process.is_alive(pid) for pid in pids) and time.monotonic() - began < 60:
             await asyncio.sleep(0.5)
         await asyncio.sleep(max(0.0, 20 - (time.monotonic() - began)))
         await asyncio.to_thread(stack.up, "--backbone-only")
@@ -298,20 +299,11 @@ async def test_cassandra_sigterm_and_restart(stack: PrivateStack, user: tuple[st
         pid = stack.pid("cassandra")
         os.kill(pid, signal.SIGTERM)
         began = time.monotonic()
-        while _alive(pid) and time.monotonic() - began < 90:
+        while process.is_alive(pid) and time.monotonic() - began < 90:
             await asyncio.sleep(0.5)
         await asyncio.to_thread(stack.up, "--backbone-only")
 
     await _with_fault(stack, user, "Cassandra SIGTERM + restart", stop_and_start)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as fh:  # a zombie (exited, not yet reaped) is gone
-        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 async def test_worker_sigstop_sigcont_is_fenced(stack: PrivateStack, user: tuple[str, str]) -> None:
