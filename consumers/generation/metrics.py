@@ -57,6 +57,8 @@ class WorkerMetrics:
                               registry=r).labels(**p)
         self.recoveries = Counter("parley_worker_recoveries", "generations continued from saved tokens",
                                   ["pool"], registry=r).labels(**p)
+        self.store_waits = Counter("parley_worker_store_waits", "retries of a request paused by a store or "
+                                   "Kafka outage", ["pool"], registry=r).labels(**p)
         self.failures = Counter("parley_worker_failures", "generations that ended failed", ["pool"],
                                 registry=r).labels(**p)
         for lane in LANES:  # exported at 0 from the start, so the first request's increase is seen by rate()

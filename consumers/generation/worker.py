@@ -52,6 +52,7 @@ from infra.stores import keys
 from infra.stores.crypto import KeyGone
 from infra.stores.finished import FinishedReplies
 from infra.stores.quota import Quota
+from infra.stores.retry import FIRST_DELAY_S, MAX_DELAY_S, STORE_DOWN, dependency_of
 from infra.stores.sealing import Sealer, is_sealed
 from schemas import (
     CancelRequested,
@@ -72,6 +73,8 @@ log = logging.getLogger(__name__)
 # Reads chat.control (broadcast) and its own earlier tokens on chat.tokens (recovery), without a group.
 ROLE = Role(GENERATION, reads=(GENERATE, CONTROL, TOKENS), writes=(TOKENS, REPLIES, DEADLETTER))
 CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
+# Outages a request waits out in place (Kafka's are the producer's timeouts and a recovery read's).
+RETRYABLE: tuple[type[BaseException], ...] = (*STORE_DOWN, KafkaError)
 FENCE_CHECK_GAP_S = 1.0  # a step this long after the last one: this worker may have been paused; check its lease
 
 
@@ -248,7 +251,7 @@ class GenerationWorker:
                 if self.sealer is not None and is_sealed(req.prompt_token_ids):  # type: ignore[attr-defined]
                     self.sealing.add(req.generation_id)  # type: ignore[attr-defined]
                 try:
-                    await self._generate(await self._open(req))  # type: ignore[arg-type]
+                    await self._until_served(req)  # type: ignore[arg-type]
                 except KeyGone:
                     await self._deleted(req)  # type: ignore[arg-type]
                 finally:
@@ -264,6 +267,28 @@ class GenerationWorker:
             self.active.pop(key, None)
             self.metrics.active(len(self.active))
             self._slot_freed.set()
+
+    async def _until_served(self, req: GenerationRequested) -> None:
+        """Serve ``req``; while Redis, Kafka or the key store is unreachable, wait and serve it again from the
+        tokens it saved. The request keeps its place meanwhile (its offset is not committed), so an outage
+        pauses a reply instead of dropping it with its client left waiting and its reservation held."""
+        delay, began = FIRST_DELAY_S, 0.0
+        while True:
+            try:
+                await self._generate(await self._open(req))
+                if began:
+                    log.info("generation %s served after waiting %.1f s for a store", req.generation_id,
+                             time.monotonic() - began)
+                return
+            except RETRYABLE as exc:
+                if not began:
+                    began = time.monotonic()
+                    store = "Kafka" if isinstance(exc, KafkaError) else dependency_of(exc)
+                    log.warning("generation %s paused: %s unreachable (%s); resuming it from its saved tokens "
+                                "when it is back", req.generation_id, store, type(exc).__name__)
+                self.metrics.store_waits.inc()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_DELAY_S)
 
     async def _generate(self, req: GenerationRequested) -> None:
         picked_at = time.time()
@@ -371,6 +396,10 @@ class GenerationWorker:
                     break
             status, reason = status_for(finish_reason, req.generation_id in self.cancelled), ""
         except asyncio.CancelledError:
+            raise
+        except RETRYABLE:  # a store, not the engine: stop here; the request is served again once it is back
+            await self.engine.abort(req.generation_id)
+            await asyncio.gather(*pending, return_exceptions=True)
             raise
         except KeyGone:  # deleted while generating, before its cancel arrived: nothing more may be sealed
             await self.engine.abort(req.generation_id)

@@ -1,4 +1,5 @@
-"""A loopback TCP proxy in front of a gateway, so a test can drop a browser's connections mid-reply.
+"""A loopback TCP proxy in front of a gateway (or a store), so a test can drop a browser's connections
+mid-reply, or make a store unreachable for a while.
 
 The browser's own offline switch leaves open streams alone, and killing the gateway would take the
 page's origin away; cutting the TCP connections between them is what a flaky network does.
@@ -16,6 +17,7 @@ class DroppingProxy:
         self.upstream_port = upstream_port
         self.port = 0
         self.drops = 0
+        self.refusing = False  # while set, new connections are cut at once: the upstream looks down
         self.requests: list[tuple[str, str | None]] = []  # (path, Last-Event-ID) of each request seen
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
@@ -43,7 +45,18 @@ class DroppingProxy:
         self._open.clear()
         self.drops += 1
 
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones until ``restore``: an outage of the upstream."""
+        self.refusing = True
+        self.drop()
+
+    def restore(self) -> None:
+        self.refusing = False
+
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            client_w.transport.abort()
+            return
         try:
             upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:

@@ -98,7 +98,7 @@ async def test_resume_on_another_gateway_after_the_first_dies(service: Service, 
         cid = await new_conversation(a, alice)
         got = []
         async with a.stream("POST", f"/v1/conversations/{cid}/messages", headers=alice.headers,
-                            json={"content": "Explain how tides work, in detail."}) as r:
+                            json={"content": "Explain how bread dough rises, in detail."}) as r:
             async for f in frames(r):
                 got.append(f)
                 if sum(1 for g in got if g.event == "delta") == 4:

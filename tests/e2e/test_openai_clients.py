@@ -13,7 +13,7 @@ from tests.e2e.service import Service
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no download of its price list
 
-QUESTION = "Write two short paragraphs about the moon."
+QUESTION = "Write two short paragraphs about lighthouses."
 
 
 @pytest.fixture

@@ -35,6 +35,21 @@ def saturated(stack_settings: Settings) -> Iterator[Service]:
     svc.stop()
 
 
+async def _replies_announced(metrics_port: int, count: int, timeout_s: float = 30.0) -> None:
+    """Wait until a worker's metrics count ``count`` finished generations (counted after chat.replies acked)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    seen = 0.0
+    async with httpx.AsyncClient(timeout=5) as http:
+        while asyncio.get_running_loop().time() < deadline:
+            body = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+            seen = sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+                       if line.startswith("parley_worker_replies_total{"))
+            if seen >= count:
+                return
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"the worker announced {seen:.0f} finished generations in {timeout_s:.0f} s, not {count}")
+
+
 @pytest.fixture
 async def client(saturated: Service) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=saturated.url("gateway-a"), timeout=httpx.Timeout(120, connect=10)) as c:
@@ -95,6 +110,9 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
 
         # 4. The small pool's replica goes away: the next overflow waits there, and the one after that finds
         #    both pools past the free limit and is refused at once, with a time to come back.
+        # The client sees a reply end on chat.tokens a moment before the worker's finish reaches chat.replies,
+        # which is what tells the scheduler the slot is free: the replica goes away once it has said so.
+        await _replies_announced(saturated.metrics_ports["worker-small"], 1)
         saturated.procs["worker-small"].kill(signal.SIGKILL)
         refused, stuck = None, 0
         # History shows step 3's reply final the moment it ended (read-your-writes), which can be before the

@@ -92,7 +92,7 @@ async def test_a_dropped_connection_resumes_with_last_event_id(open_page: OpenPa
     async with DroppingProxy(gateway_port) as proxy:
         page = await open_page(proxy.url)
         await sign_in(page, alice)
-        await send(page, "Explain how the tides work, in detail, with examples.")
+        await send(page, "Explain how bread dough rises, in detail, with examples.")
         before = await text_longer_than(page, 20)
         proxy.drop()
         await until(page, f"document.querySelector('{REPLY}.reconnecting')", 10)
