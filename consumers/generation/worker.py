@@ -271,33 +271,37 @@ class GenerationWorker:
     async def _until_served(self, req: GenerationRequested) -> None:
         """Serve ``req``; while Redis, Kafka or the key store is unreachable, wait and serve it again from the
         tokens it saved. The request keeps its place meanwhile (its offset is not committed), so an outage
-        pauses a reply instead of dropping it with its client left waiting and its reservation held."""
-        delay, began = FIRST_DELAY_S, 0.0
-        while True:
-            try:
-                await self._generate(await self._open(req))
-                if began:
-                    log.info("generation %s served after waiting %.1f s for a store", req.generation_id,
-                             time.monotonic() - began)
-                return
-            except RETRYABLE as exc:
-                if not began:
-                    began = time.monotonic()
-                    store = "Kafka" if isinstance(exc, KafkaError) else dependency_of(exc)
-                    log.warning("generation %s paused: %s unreachable (%s); resuming it from its saved tokens "
-                                "when it is back", req.generation_id, store, type(exc).__name__)
-                self.metrics.store_waits.inc()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_DELAY_S)
+        pauses a reply instead of dropping it with its client left waiting and its reservation held.
 
-    async def _generate(self, req: GenerationRequested) -> None:
+        Fencing: this worker takes the generation once (a worker that held it before, presumed dead and then
+        woken, finds a newer epoch and stops; every reader ignores its older epoch). A retry keeps that epoch
+        and first checks it still holds it: a worker that was paused by the outage and taken over meanwhile
+        leaves the generation to its new owner."""
         picked_at = time.time()
         self.metrics.picked(req.lane, req.enqueued_at, picked_at)
-        # Fencing: this worker owns the generation from now on; a worker that held it before (presumed dead,
-        # then woken) finds a newer epoch and stops, and every reader ignores its older epoch.
-        await self.fence.take(req.generation_id)
+        delay, began = FIRST_DELAY_S, 0.0
         try:
-            await self._generate_owned(req, picked_at)
+            while True:
+                try:
+                    opened = await self._open(req)
+                    if not self.fence.epoch(req.generation_id):
+                        await self.fence.take(req.generation_id)
+                    elif await self.fence.fenced(req.generation_id):
+                        return  # taken over while this worker waited: the new owner serves it
+                    await self._generate_owned(opened, picked_at)
+                    if began:
+                        log.info("generation %s served after waiting %.1f s for a store", req.generation_id,
+                                 time.monotonic() - began)
+                    return
+                except RETRYABLE as exc:
+                    if not began:
+                        began = time.monotonic()
+                        store = "Kafka" if isinstance(exc, KafkaError) else dependency_of(exc)
+                        log.warning("generation %s paused: %s unreachable (%s); resuming it from its saved "
+                                    "tokens when it is back", req.generation_id, store, type(exc).__name__)
+                    self.metrics.store_waits.inc()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, MAX_DELAY_S)
         finally:
             self.fence.release(req.generation_id)
 
