@@ -57,6 +57,11 @@ def make_app(stage: str, settings: Settings, **overrides: object) -> faust.App:
         web_enabled=False,
         producer_linger_ms=0,
         broker_commit_every=1,
+        # A killed stages process leaves its members in each group until their session times out, and the
+        # restarted one is assigned nothing until then: faust's 60 s default held replies unsaved for a minute
+        # after the supervisor's restart. 10 s, as the workers' consumers.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
         consumer_auto_offset_reset="earliest",
     )
     options.update(overrides)

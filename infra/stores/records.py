@@ -56,6 +56,27 @@ class Records:
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (u.user_id, u.day, u.tokens_in, u.tokens_out, u.tokens_cached, u.replies, datetime.now(UTC)))
 
+    async def count_usage(self, user_id: str, day: str, generation_id: str, tokens_in: int, tokens_out: int,
+                          tokens_cached: int) -> tuple[UsageDay, bool]:
+        """Count one generation's usage in its (user, day): its ledger row is written (idempotent), then the
+        day's row is rewritten with the sums of the ledger. Returns (the day, whether this generation was new)."""
+        seen = await self.db.execute(
+            "SELECT generation_id FROM usage_by_generation WHERE user_id = ? AND day = ? AND generation_id = ?",
+            (user_id, day, generation_id))
+        if not seen:
+            await self.db.execute(
+                "INSERT INTO usage_by_generation (user_id, day, generation_id, tokens_in, tokens_out, tokens_cached, "
+                "counted_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (user_id, day, generation_id, tokens_in, tokens_out, tokens_cached, datetime.now(UTC)))
+        rows = await self.db.execute(
+            "SELECT sum(tokens_in), sum(tokens_out), sum(tokens_cached), count(*) FROM usage_by_generation "
+            "WHERE user_id = ? AND day = ?", (user_id, day))
+        tokens_in_sum, tokens_out_sum, cached_sum, replies = rows[0]
+        total = UsageDay(user_id, day, int(tokens_in_sum or 0), int(tokens_out_sum or 0), int(cached_sum or 0),
+                         int(replies or 0))
+        await self.put_usage_day(total)
+        return total, not seen
+
     async def usage_day(self, user_id: str, day: str) -> UsageDay | None:
         rows = await self.db.execute(
             "SELECT user_id, day, tokens_in, tokens_out, tokens_cached, replies FROM usage_by_day "

@@ -4,6 +4,11 @@ plus replay from any offset so a client can resume on any gateway with ``Last-Ev
 A generation's events all sit in one partition (keyed by generation id), so the
 SSE id is just the Kafka offset. Resume = subscribe live first, replay from the
 offset to the partition's end, then continue live, skipping offsets already sent.
+
+The tail never stops on a store: an event whose data key cannot be read (the key store
+down, and the key not cached) waits in its generation's backlog, retried with backoff,
+while every other generation's events go on; that generation's later events queue
+behind it, so each stream still gets its events in order and none is lost.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.stores.crypto import KeyGone
+from infra.stores.retry import FIRST_DELAY_S, MAX_DELAY_S, STORE_DOWN
 from infra.stores.sealing import Sealer
 from schemas import EventDecodeError, GenerationFinished, RequestRefused, decode
 from topics.partitioning import partition_for
@@ -38,6 +44,9 @@ class TokenRelay:
         self.consumer: AIOKafkaConsumer | None = None
         self.partitions = 0
         self._task: asyncio.Task[None] | None = None
+        # generation id -> events (decoded, not yet opened) waiting behind one whose key could not be read
+        self.backlog: dict[str, list[tuple[int, Any]]] = {}
+        self._drains: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         tail = await open_reader(self.bootstrap, self.topic)
@@ -47,9 +56,10 @@ class TokenRelay:
         self._task = asyncio.create_task(self._tail(), name="token-relay")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in [self._task, *self._drains]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*[t for t in [self._task, *self._drains] if t is not None], return_exceptions=True)
         if self.consumer:
             await self.consumer.stop()
 
@@ -60,15 +70,62 @@ class TokenRelay:
             for records in batch.values():
                 for record in records:
                     key = record.key.decode() if record.key else ""
-                    queues = self.subs.get(key)
-                    if not queues:
+                    if not self.subs.get(key):
                         continue  # decode only what someone here is reading
                     try:
-                        event = await self._open(decode(record.value))
-                    except (EventDecodeError, KeyGone):
+                        await self._deliver(key, record.offset, decode(record.value))
+                    except EventDecodeError:
                         continue
-                    for q in queues:
-                        q.put_nowait((record.offset, event))
+                    except Exception:  # noqa: BLE001 - one event must never stop delivery to every stream
+                        log.exception("generation %s: event at offset %d not delivered", key, record.offset)
+
+    async def _deliver(self, generation_id: str, offset: int, event: Any) -> None:
+        waiting = self.backlog.get(generation_id)
+        if waiting is not None:
+            waiting.append((offset, event))  # behind an event still waiting for its key: order is kept
+            return
+        try:
+            opened = await self._open(event)
+        except KeyGone:
+            return
+        except STORE_DOWN as exc:
+            log.warning("generation %s: data key unreadable (%s); its events wait, the others go on",
+                        generation_id, type(exc).__name__)
+            self.backlog[generation_id] = [(offset, event)]
+            drain = asyncio.create_task(self._drain(generation_id), name=f"relay-backlog-{generation_id}")
+            self._drains.add(drain)
+            drain.add_done_callback(self._drains.discard)
+            return
+        self._fan_out(generation_id, offset, opened)
+
+    async def _drain(self, generation_id: str) -> None:
+        """Open and deliver a generation's waiting events in order, retrying while the key store is down."""
+        delay = FIRST_DELAY_S
+        waiting = self.backlog[generation_id]
+        try:
+            while waiting and self.subs.get(generation_id):
+                offset, event = waiting[0]
+                try:
+                    opened = await self._open(event)
+                except KeyGone:
+                    waiting.pop(0)
+                    continue
+                except STORE_DOWN:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, MAX_DELAY_S)
+                    continue
+                except Exception:  # noqa: BLE001 - not a store outage: this event cannot be opened
+                    log.exception("generation %s: event at offset %d not delivered", generation_id, offset)
+                    waiting.pop(0)
+                    continue
+                waiting.pop(0)
+                self._fan_out(generation_id, offset, opened)
+        finally:
+            self.backlog.pop(generation_id, None)
+
+    def _fan_out(self, generation_id: str, offset: int, event: Any) -> None:
+        for q in self.subs.get(generation_id, ()):
+            q.put_nowait((offset, event))
 
     async def _open(self, event: Any) -> Any:
         """Token text opened for the streams; a miss on the key cache costs one Cassandra read, once per

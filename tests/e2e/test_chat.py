@@ -10,7 +10,7 @@ from tests.e2e.client import collect, frames, text_of
 from tests.e2e.conftest import Caller, eventually
 from tests.e2e.service import Service
 
-QUESTION = "Name three colours of the rainbow."
+QUESTION = "Name three kinds of fruit."
 
 
 async def new_conversation(http: httpx.AsyncClient, who: Caller) -> str:

@@ -17,8 +17,8 @@ from topics.replay import replay
 
 WINDOW = 2048  # max_model_len of both pools (infra/config/pools.toml)
 TURNS = 40
-REPLY_CAP = 40  # short replies keep 40 turns within a few minutes on a CPU; long messages fill the window
-TOPICS = ["lighthouses", "bread", "sailing ships", "coral reefs", "whales", "harbours", "storms", "maps"]
+REPLY_CAP = 16  # short replies keep 40 turns within a few minutes on a CPU; long messages fill the window
+TOPICS = ["lighthouses", "bread", "sailing ships", "coral reefs", "whales", "harbours", "gardens", "bridges"]
 
 
 def long_message(turn: int) -> str:

@@ -11,7 +11,7 @@ import pytest
 from tests.e2e.conftest import Caller, eventually
 from tests.e2e.service import Service
 
-QUESTION = "Name three colours of the rainbow."
+QUESTION = "Name three kinds of fruit."
 LONG = "Write a long story about a lighthouse keeper and the sea."
 
 

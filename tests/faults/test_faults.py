@@ -40,8 +40,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateStack]:
         (ARTIFACTS / "faults.txt").write_text("\n".join(RESULTS) + "\n")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def user(stack: PrivateStack) -> tuple[str, str]:
+    """A new paid account per fault: the checker audits whole (user, day)s, so one fault's problem is
+    reported by that fault's test alone."""
     out = stack.parley("user", "create", "--plan", "paid").stdout
     fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
     return fields["user_id"].strip(), fields["token"].strip()
@@ -70,12 +72,24 @@ async def _with_fault(stack: PrivateStack, user: tuple[str, str], name: str, inj
     convs = [await new_conversation(stack.url, token) for _ in range(replies)]
     seen: list[Send] = []
     clients = [asyncio.create_task(chat(stack.url, token, user_id, c, QUESTION, seen=seen)) for c in convs]
-    await asyncio.sleep(1.5)  # replies are streaming
+    await _streaming(seen, clients, replies)
     began = time.monotonic()
     await (inject(seen) if inspect.signature(inject).parameters else inject())
     sends = await asyncio.wait_for(asyncio.gather(*clients), 300)
     recovered_s = time.monotonic() - began
     return await _checked(stack, name, sends, since, recovered_s, notes or [])
+
+
+async def _streaming(seen: list[Send], clients: list[asyncio.Task[Send]], replies: int,
+                     timeout_s: float = 120) -> None:
+    """Until every send has streamed a delta (a fixed wait let a fault land before a loaded machine had
+    accepted the sends, which then failed as never accepted)."""
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < replies or not all(s.deltas for s in seen):
+        done = [c for c in clients if c.done()]
+        assert not done, [c.result() for c in done]  # a send ended before the fault could land
+        assert time.monotonic() < deadline, f"replies not streaming after {timeout_s:.0f} s: {seen}"
+        await asyncio.sleep(0.1)
 
 
 async def _checked(stack: PrivateStack, name: str, sends, since: datetime, recovered_s: float,  # type: ignore[no-untyped-def]
@@ -266,6 +280,7 @@ async def test_kafka_broker_sigkill_loses_no_acknowledged_record(stack: PrivateS
     finally:
         acked.stop()
         await writer
+        await asyncio.to_thread(stack.up, "--backbone-only")  # the killed broker rejoins for the tests after
     values = await acked.read_back()
     lost = sorted(set(acked.acked) - set(values))
     repeated = len(values) - len(set(values))
@@ -273,7 +288,6 @@ async def test_kafka_broker_sigkill_loses_no_acknowledged_record(stack: PrivateS
             f"{repeated} written twice, longest produce wait {acked.longest_s:.1f} s")
     RESULTS.append(line)
     print(line)
-    await asyncio.to_thread(stack.up, "--backbone-only")  # the killed broker rejoins for the tests after
     assert acked.acked and not lost and repeated == 0
 
 
@@ -281,6 +295,7 @@ async def test_kafka_stop_and_start(stack: PrivateStack, user: tuple[str, str]) 
     """Every broker stopped (SIGTERM) for 20 s, then `parley up`: streams pause, then complete."""
     async def stop_and_start() -> None:
         pids = [stack.pid(name) for name in stack.kafka_nodes()]
+        assert all(process.is_alive(pid) for pid in pids), "a broker was already down before the fault"
         began = time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGTERM)

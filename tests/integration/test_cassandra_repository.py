@@ -105,5 +105,19 @@ async def test_usage_and_summary_round_trip(db) -> None:  # type: ignore[no-unty
     assert (await records.latest_summary(cid)).upto_turn == 7  # type: ignore[union-attr]
 
 
+async def test_usage_is_counted_once_per_generation_from_the_ledger(db) -> None:  # type: ignore[no-untyped-def]
+    """The rollup's day totals come from Cassandra's ledger, never from what the rollup held in memory: a
+    record counted twice is one reply, and a day row written wrong (a crashed rollup's stale state) is
+    rewritten right by the next record."""
+    records, user, day = Records(db), new_id(), "2026-11-30"
+    first, new_a = await records.count_usage(user, day, "gen-a", 50, 10, 0)
+    again, new_again = await records.count_usage(user, day, "gen-a", 50, 10, 0)  # redelivered
+    assert new_a and not new_again and first == again == UsageDay(user, day, 50, 10, 0, 1)
+    await records.put_usage_day(UsageDay(user, day, 0, 0, 0, 0))  # a stale writer's row
+    second, new_b = await records.count_usage(user, day, "gen-b", 7, 3, 2)
+    assert new_b and second == UsageDay(user, day, 57, 13, 2, 2)
+    assert await records.usage_day(user, day) == second
+
+
 def test_migrations_apply_once(stack_settings: Settings) -> None:
     assert apply(stack_settings) == []  # the fixture already applied them; a rerun changes nothing

@@ -1,6 +1,8 @@
 """Sealing and key handling without services: an in-memory stand-in for the ``conversation_keys`` table."""
 from __future__ import annotations
 
+import asyncio
+
 import stat
 from pathlib import Path
 from types import SimpleNamespace
@@ -159,6 +161,46 @@ async def test_the_relay_drops_a_deleted_conversations_tokens_but_still_ends_its
         await relay._open(tokens)  # noqa: SLF001
     opened_end = await relay._open(end)  # noqa: SLF001
     assert opened_end.status == "stopped" and opened_end.text == ""
+
+
+async def test_the_relay_holds_a_generations_events_while_its_key_is_unreadable_and_the_others_go_on(
+        sealer: Sealer) -> None:
+    """The key store down and a key not cached: that generation's events wait in order (none lost) while
+    another generation's are delivered; when the store answers they all arrive. Before, the first such
+    event raised out of the relay's tail and the gateway stopped delivering to every stream."""
+    from cassandra import OperationTimedOut
+
+    from producers.gateway.relay import TokenRelay
+
+    await sealer.keys.create("conv-a", "u1")
+    await sealer.keys.create("conv-b", "u2")
+    sealed = [await sealer.seal(TokensAppended(generation_id="g1", conversation_id="conv-a", user_id="u1", seq=i,
+                                               text=f" a{i}", token_ids=[i])) for i in range(3)]
+    other = await sealer.seal(TokensAppended(generation_id="g2", conversation_id="conv-b", user_id="u2", seq=0,
+                                             text=" b0", token_ids=[9]))
+    relay = TokenRelay("127.0.0.1:1", "t.chat.tokens", sealer)
+    down = {"conv-a": 2}  # the first two reads of conv-a's key time out
+    real_open = sealer.open
+
+    async def flaky_open(event):  # type: ignore[no-untyped-def]
+        if down.get(event.conversation_id, 0) > 0:
+            down[event.conversation_id] -= 1
+            raise OperationTimedOut("key store paused")
+        return await real_open(event)
+
+    sealer.open = flaky_open  # type: ignore[method-assign]
+    q1, q2 = relay.subscribe("g1"), relay.subscribe("g2")
+    for offset, event in enumerate(sealed):
+        await relay._deliver("g1", offset, event)  # noqa: SLF001 - the tail's per-record step
+    await relay._deliver("g2", 10, other)  # noqa: SLF001
+    assert q2.get_nowait()[1].text == " b0" and q1.empty()  # the other generation is not held up
+    for _ in range(50):
+        if q1.qsize() == 3:
+            break
+        await asyncio.sleep(0.1)
+    got = [q1.get_nowait() for _ in range(q1.qsize())]
+    assert [(o, e.text) for o, e in got] == [(0, " a0"), (1, " a1"), (2, " a2")]  # in order, none lost
+    assert relay.backlog == {}
 
 
 def test_the_search_key_is_per_tenant_stable_and_comes_from_the_master_key(tmp_path: Path) -> None:
