@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from redis.exceptions import RedisError
 
 from consumers.generation.decisions import (
@@ -75,6 +75,8 @@ ROLE = Role(GENERATION, reads=(GENERATE, CONTROL, TOKENS), writes=(TOKENS, REPLI
 CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
 # Outages a request waits out in place (Kafka's are the producer's timeouts and a recovery read's).
 RETRYABLE: tuple[type[BaseException], ...] = (*STORE_DOWN, KafkaError)
+ACK_TIMEOUT_S = 20.0  # an append or finish not acknowledged by then is retried through a new producer
+PRODUCER_RENEW_GAP_S = 10.0
 FENCE_CHECK_GAP_S = 1.0  # a step this long after the last one: this worker may have been paused; check its lease
 
 
@@ -112,6 +114,8 @@ class GenerationWorker:
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         self.producer = make_producer(settings.kafka_bootstrap)
+        self._producer_renewed = 0.0
+        self._producer_lock = asyncio.Lock()
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
             session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
@@ -160,7 +164,8 @@ class GenerationWorker:
         for task in tasks:
             task.cancel()  # vLLM aborts the sequence when its stream is closed
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self.producer.flush()  # what was appended is in the log before the next owner reads it
+        with contextlib.suppress(TimeoutError):  # a producer stuck on a lost broker must not hold the rebalance
+            await asyncio.wait_for(self.producer.flush(), ACK_TIMEOUT_S)  # appended: in the log before the next
         log.info("worker %s let go of %d generation(s) on revoked partitions; their next owner resumes them",
                  self.worker_id, len(tasks))
 
@@ -294,6 +299,8 @@ class GenerationWorker:
                                  time.monotonic() - began)
                     return
                 except RETRYABLE as exc:
+                    if isinstance(exc, KafkaError):
+                        await self._renew_producer(exc)
                     if not began:
                         began = time.monotonic()
                         store = "Kafka" if isinstance(exc, KafkaError) else dependency_of(exc)
@@ -304,6 +311,21 @@ class GenerationWorker:
                     delay = min(delay * 2, MAX_DELAY_S)
         finally:
             self.fence.release(req.generation_id)
+
+    async def _renew_producer(self, exc: BaseException) -> None:
+        """A new idempotent producer (a new producer id, sequences from 0). When every broker restarted while
+        batches were in flight, the brokers keep an older sequence than the producer, and aiokafka retries
+        those appends for good (OutOfOrderSequenceNumber); a request that failed on Kafka retries through a
+        fresh producer, at most one renewal per PRODUCER_RENEW_GAP_S."""
+        async with self._producer_lock:
+            if time.monotonic() - self._producer_renewed < PRODUCER_RENEW_GAP_S:
+                return
+            old, self.producer = self.producer, make_producer(self.settings.kafka_bootstrap)
+            await self.producer.start()
+            self._producer_renewed = time.monotonic()
+            log.warning("worker %s: new Kafka producer after %s", self.worker_id, type(exc).__name__)
+        with contextlib.suppress(Exception):  # its stuck batches are what the retries replace
+            await asyncio.wait_for(old.stop(), ACK_TIMEOUT_S)
 
     async def _generate_owned(self, req: GenerationRequested, picked_at: float) -> None:
         if is_stale(req, picked_at):
@@ -411,7 +433,7 @@ class GenerationWorker:
         except Exception as exc:  # noqa: BLE001 - engine errors end this reply, not the worker
             log.exception("generation %s failed in the engine", req.generation_id)
             status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
-        await asyncio.gather(*pending)
+        await _acked(asyncio.gather(*pending))
         if guard is not None and guard.held and blocked is None:  # the engine failed mid-chunk: never checked,
             unshown, joined = "".join(h.text for h in guard.held), "".join(text)  # so never shown or saved
             text, seq = [joined[:len(joined) - len(unshown)]], shown + 1
@@ -453,7 +475,7 @@ class GenerationWorker:
         if saved.finished is not None:
             # The previous worker finished but died before committing: announce the same finish again
             # on the replies topic (its readers skip duplicates); chat.tokens already has it.
-            await send(self.producer, self.topics.replies, saved.finished, key=req.conversation_id)
+            await _acked(send(self.producer, self.topics.replies, saved.finished, key=req.conversation_id))
             return
         if decision.status == "failed":
             self.metrics.failures.inc()
@@ -477,8 +499,8 @@ class GenerationWorker:
         if event.purpose == "reply":
             await self.finished.put(event)  # readable (sealed like the event) before anyone sees its end
         # chat.tokens first: a recovering worker treats a finish there as final.
-        await send(self.producer, self.topics.tokens, event, key=event.generation_id)
-        await send(self.producer, self.topics.replies, event, key=event.conversation_id)
+        await _acked(send(self.producer, self.topics.tokens, event, key=event.generation_id))
+        await _acked(send(self.producer, self.topics.replies, event, key=event.conversation_id))
         if event.status == "failed":
             self.metrics.failures.inc()
         self.metrics.replies.labels(pool=self.limits.pool, status=event.status).inc()
@@ -541,3 +563,12 @@ async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
     finally:
         for w in waiters:
             w.cancel()
+
+
+async def _acked(sent: Any) -> Any:
+    """Await an ack, at most ACK_TIMEOUT_S: an idempotent aiokafka producer never expires a batch, so an
+    append to a partition whose broker lost the producer's sequence would otherwise wait for good."""
+    try:
+        return await asyncio.wait_for(sent, ACK_TIMEOUT_S)
+    except TimeoutError as exc:
+        raise KafkaTimeoutError(f"no ack within {ACK_TIMEOUT_S:.0f} s") from exc
