@@ -1,0 +1,93 @@
+"""The worker's Kafka producer stops getting acks mid-reply (as when every broker restarted with batches in
+flight and the brokers hold an older sequence than the idempotent producer: aiokafka then retries those
+appends for good). On real Kafka and Redis: the worker gives up waiting after its ack timeout, renews its
+producer and serves the reply again from its saved tokens, so the reply ends once with its tokens numbered
+without a gap or a repeat. The stuck producer is a wrapper that swallows sends; the engine is the test double."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from consumers.generation import worker as worker_module
+from consumers.generation.decisions import Limits
+from consumers.generation.worker import GenerationWorker
+from infra.config.plans import Plan
+from infra.config.settings import Settings
+from schemas import GenerationFinished, GenerationRequested, TokensAppended, decode, new_id
+from tests.fakes import FakeEngine
+from topics import Topics
+from topics.clients import make_consumer, make_producer, send
+
+PLANS = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
+REPLY = " ".join(f"w{i}" for i in range(60))
+
+
+class StuckProducer:
+    """Takes sends and never gets them acknowledged."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.swallowed = real, 0
+
+    async def send(self, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        self.swallowed += 1
+        return asyncio.get_running_loop().create_future()
+
+    async def send_and_wait(self, *args: Any, **kwargs: Any) -> Any:
+        return await (await self.send(*args, **kwargs))
+
+    async def flush(self) -> None:
+        await asyncio.Event().wait()
+
+    async def stop(self) -> None:
+        await self.real.stop()
+
+
+async def test_a_reply_whose_producer_gets_no_acks_is_served_again_through_a_new_one(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_module, "ACK_TIMEOUT_S", 2.0, raising=False)
+    monkeypatch.setattr(worker_module, "PRODUCER_RENEW_GAP_S", 0.0, raising=False)
+    worker = GenerationWorker(settings, Limits("large", "fake", max_model_len=512),
+                              FakeEngine(reply=REPLY, step_delay=0.05), capacity=4, worker_id="stuck",
+                              plans=PLANS)  # type: ignore[arg-type]
+    topics = Topics(settings.topic_prefix)
+    reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None, auto_offset_reset="latest")
+    await reader.start()
+    producer = make_producer(settings.kafka_bootstrap)
+    await producer.start()
+    running = asyncio.create_task(worker.run())
+    gid, events, stuck = new_id(), [], None
+    try:
+        await asyncio.sleep(1.0)  # the reader is at the end of chat.tokens
+        await send(producer, topics.generate("large", "paid"), GenerationRequested(
+            generation_id=gid, conversation_id=f"c-{gid}", user_id=f"u-{uuid.uuid4().hex}", plan="paid",
+            pool="large", lane="paid", prompt_token_ids=list(range(12)), max_tokens=40, message_id=gid),
+            key=f"c-{gid}")
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any(isinstance(e, GenerationFinished) for e in events):
+            for records in (await reader.getmany(timeout_ms=200)).values():
+                events += [e for r in records if getattr(e := decode(r.value), "generation_id", None) == gid]
+            if stuck is None and sum(isinstance(e, TokensAppended) for e in events) >= 5:
+                stuck = worker.producer = StuckProducer(worker.producer)  # type: ignore[assignment]
+        await asyncio.sleep(1)
+        for records in (await reader.getmany(timeout_ms=500)).values():
+            events += [e for r in records if getattr(e := decode(r.value), "generation_id", None) == gid]
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 60)
+        await producer.stop()
+        await reader.stop()
+
+    assert stuck is not None and stuck.swallowed > 0, "the producer was never stuck"
+    assert worker.producer is not stuck  # renewed
+    ends = [e for e in events if isinstance(e, GenerationFinished)]
+    assert len(ends) == 1, [type(e).__name__ for e in events]
+    assert ends[0].status == "length" and ends[0].usage.completion_tokens == 40, ends[0]
+    seqs = [e.seq for e in events if isinstance(e, TokensAppended)]
+    assert seqs == list(range(len(seqs))), seqs  # the swallowed appends were made again, once
+    # What the clients were shown is what the reply says (the fake engine starts its words again on a resume).
+    assert "".join(e.text for e in events if isinstance(e, TokensAppended)) == ends[0].text
+    assert sum(len(e.token_ids) for e in events if isinstance(e, TokensAppended)) == 40
