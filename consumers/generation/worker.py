@@ -320,8 +320,15 @@ class GenerationWorker:
         async with self._producer_lock:
             if time.monotonic() - self._producer_renewed < PRODUCER_RENEW_GAP_S:
                 return
-            old, self.producer = self.producer, make_producer(self.settings.kafka_bootstrap)
-            await self.producer.start()
+            fresh = make_producer(self.settings.kafka_bootstrap)
+            try:
+                await fresh.start()
+            except Exception as failed:  # noqa: BLE001 - Kafka still down: keep the old one, renew on a later retry
+                with contextlib.suppress(Exception):
+                    await fresh.stop()
+                log.info("worker %s: no new Kafka producer yet (%s)", self.worker_id, type(failed).__name__)
+                return
+            old, self.producer = self.producer, fresh
             self._producer_renewed = time.monotonic()
             log.warning("worker %s: new Kafka producer after %s", self.worker_id, type(exc).__name__)
         with contextlib.suppress(Exception):  # its stuck batches are what the retries replace

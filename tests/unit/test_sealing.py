@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-
 import stat
 from pathlib import Path
 from types import SimpleNamespace
