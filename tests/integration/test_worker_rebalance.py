@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config.plans import Plan
 from infra.config.settings import Settings
-from schemas import GenerationFinished, GenerationRequested, GenerationStarted, TokensAppended, decode, new_id
+from schemas import GenerationFinished, GenerationStarted, TokensAppended, new_id
 from tests.fakes import FakeEngine
+from tests.integration.worker_requests import gather_events, request
 from topics import Topics
-from topics.clients import make_consumer, make_producer, send
+from topics.clients import make_consumer, make_producer
 
 PLANS = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
 REPLY = " ".join(f"w{i}" for i in range(80))
@@ -39,19 +39,14 @@ async def test_a_worker_joining_mid_reply_takes_it_over_with_one_owner_at_a_time
     gid, events = new_id(), []
     try:
         await asyncio.sleep(1.0)  # the reader is at the end of chat.tokens
-        await send(producer, topics.generate("large", "paid"), GenerationRequested(
-            generation_id=gid, conversation_id=f"c-{gid}", user_id=f"u-{uuid.uuid4().hex}", plan="paid",
-            pool="large", lane="paid", prompt_token_ids=list(range(12)), max_tokens=60, message_id=gid),
-            key=f"c-{gid}")
+        await request(producer, topics, gid, 60)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not any(isinstance(e, GenerationFinished) for e in events):
-            for records in (await reader.getmany(timeout_ms=200)).values():
-                events += [e for r in records if getattr(e := decode(r.value), "generation_id", None) == gid]
+            await gather_events(reader, gid, events)
             if len(runs) == 1 and sum(isinstance(e, TokensAppended) for e in events) >= 5:
                 runs.append(asyncio.create_task(second.run()))  # joins mid-reply: the group rebalances
         await asyncio.sleep(2)  # anything a second owner would still append
-        for records in (await reader.getmany(timeout_ms=500)).values():
-            events += [e for r in records if getattr(e := decode(r.value), "generation_id", None) == gid]
+        await gather_events(reader, gid, events, 500)
     finally:
         first.stop()
         second.stop()

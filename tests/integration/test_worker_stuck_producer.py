@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -17,10 +16,11 @@ from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config.plans import Plan
 from infra.config.settings import Settings
-from schemas import GenerationFinished, GenerationRequested, TokensAppended, decode, new_id
+from schemas import GenerationFinished, TokensAppended, new_id
 from tests.fakes import FakeEngine
+from tests.integration.worker_requests import gather_events, request
 from topics import Topics
-from topics.clients import make_consumer, make_producer, send
+from topics.clients import make_consumer, make_producer
 
 PLANS = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
 REPLY = " ".join(f"w{i}" for i in range(60))
@@ -62,19 +62,14 @@ async def test_a_reply_whose_producer_gets_no_acks_is_served_again_through_a_new
     gid, events, stuck = new_id(), [], None
     try:
         await asyncio.sleep(1.0)  # the reader is at the end of chat.tokens
-        await send(producer, topics.generate("large", "paid"), GenerationRequested(
-            generation_id=gid, conversation_id=f"c-{gid}", user_id=f"u-{uuid.uuid4().hex}", plan="paid",
-            pool="large", lane="paid", prompt_token_ids=list(range(12)), max_tokens=40, message_id=gid),
-            key=f"c-{gid}")
+        await request(producer, topics, gid, 40)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not any(isinstance(e, GenerationFinished) for e in events):
-            for records in (await reader.getmany(timeout_ms=200)).values():
-                events += [e for r in records if getattr(e := decode(r.value), "generation_id", None) == gid]
+            await gather_events(reader, gid, events)
             if stuck is None and sum(isinstance(e, TokensAppended) for e in events) >= 5:
                 stuck = worker.producer = StuckProducer(worker.producer)  # type: ignore[assignment]
         await asyncio.sleep(1)
-        for records in (await reader.getmany(timeout_ms=500)).values():
-            events += [e for r in records if getattr(e := decode(r.value), "generation_id", None) == gid]
+        await gather_events(reader, gid, events, 500)
     finally:
         worker.stop()
         await asyncio.wait_for(running, 60)
