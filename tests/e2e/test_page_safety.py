@@ -2,12 +2,15 @@
 the notice, and reopening the conversation shows the notice, never the text."""
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import httpx
 
 from tests.e2e.browser import REPLY, conversation_id, reply_text, saved_replies, send, shot, sign_in, until, wait_done
 from tests.e2e.conftest import Caller
 from tests.e2e.test_page import OpenPage, browser, open_page  # noqa: F401 - the page fixtures
-from tests.e2e.test_safety import NOTICE, QUESTION
+from tests.e2e.test_safety import GREEDY, NOTICE, QUESTION
 
 WATCH = """() => {
   window.sawFlagged = false;
@@ -21,9 +24,19 @@ WATCH = """() => {
 }"""
 
 
+async def _greedy(route: Any) -> None:
+    """The page's send, with temperature 0 added: sampled, the model may not say the flagged phrase."""
+    request = route.request
+    if request.method != "POST":
+        await route.fallback()
+        return
+    await route.continue_(post_data=json.dumps({**json.loads(request.post_data), **GREEDY}))
+
+
 async def test_the_page_replaces_a_retracted_reply_with_the_notice(open_page: OpenPage,  # noqa: F811
                                                                    http: httpx.AsyncClient, alice: Caller) -> None:
     page = await open_page()
+    await page.route("**/v1/conversations/*/messages", _greedy)
     await sign_in(page, alice)
     await page.evaluate(WATCH)
     await send(page, QUESTION)

@@ -2,8 +2,9 @@
 that runs into flagged text is cut, retracted on every path (live SSE, resume, history, OpenAI API),
 and charged only for the tokens made.
 
-The end-to-end rules (``data/safety.toml``) flag "solar system" in replies; the model says it when
-asked which planet is the largest in our solar system. alice is on the paid plan (hold-back 0).
+The end-to-end rules (``data/safety.toml``) flag "solar system" in replies; the model says it, greedily,
+when asked which planet is the largest in our solar system (sampled, it may name an exoplanet instead), so
+every such question is sent with temperature 0. alice is on the paid plan (hold-back 0).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from topics import Topics
 from topics.replay import replay
 
 QUESTION = "Which planet is the largest in our solar system?"
+GREEDY = {"temperature": 0}
 RUDE = "shut up you stupid fucking idiot"
 NOTICE = "This reply was removed because it goes against the content rules."
 
@@ -60,7 +62,7 @@ async def test_a_reply_that_says_flagged_text_is_retracted_everywhere(service: S
                                                                       alice: Caller) -> None:
     cid = await new_conversation(http, alice)
     async with http.stream("POST", f"/v1/conversations/{cid}/messages", headers=alice.headers,
-                           json={"content": QUESTION}) as r:
+                           json={"content": QUESTION, **GREEDY}) as r:
         assert r.status_code == 200
         live = await collect(r)
     names = [f.event for f in live]
