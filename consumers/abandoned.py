@@ -11,6 +11,9 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
+
 from infra.config.settings import Settings
 from infra.stores import keys
 from schemas import (
@@ -82,20 +85,34 @@ class AbandonedDetector(Runner):
     async def _check_loop(self) -> None:
         while True:
             await asyncio.sleep(self.check_every_s)
-            await self.check(time.time())
+            try:
+                await self.check(time.time())
+            except (RedisError, KafkaError) as exc:  # a store outage: the replies stay watched, checked again
+                log.warning("abandoned-reply check waits for its stores (%s); %d replies watched",
+                            type(exc).__name__, len(self.running))
 
     async def check(self, now: float) -> list[str]:
-        """Cancel each overdue reply nobody reads (once, across restarts: a Redis marker); the cancelled ids."""
+        """Cancel each overdue reply nobody reads (once, across restarts: a Redis marker); the cancelled ids.
+        A reply stays watched until its cancel is sent, so a store error only delays it."""
         cancelled = []
         for gid in overdue(self.running, now, self.settings.reader_timeout_s):
             if await self.redis.exists(keys.reader_heartbeat(gid)):
                 continue  # a gateway is still reading it
-            conversation_id, user_id, _ = self.running.pop(gid)
-            if await self.redis.set(keys.abandoned_cancelled(gid), "1", nx=True, ex=3600):
-                await send(self.producer, self.topics.control, CancelRequested(
-                    generation_id=gid, conversation_id=conversation_id, user_id=user_id, reason="abandoned"),
-                    key=gid)
+            watched = self.running.get(gid)
+            if watched is None:
+                continue  # it ended while the heartbeat was looked up
+            conversation_id, user_id, _ = watched
+            marker = keys.abandoned_cancelled(gid)
+            if await self.redis.set(marker, "1", nx=True, ex=3600):
+                try:
+                    await send(self.producer, self.topics.control, CancelRequested(
+                        generation_id=gid, conversation_id=conversation_id, user_id=user_id, reason="abandoned"),
+                        key=gid)
+                except BaseException:
+                    await self.redis.delete(marker)  # not sent: the next check tries again
+                    raise
                 log.info("generation %s abandoned: no reader for %.0f s, cancelled", gid,
                          self.settings.reader_timeout_s)
                 cancelled.append(gid)
+            self.running.pop(gid, None)
         return cancelled

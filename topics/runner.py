@@ -57,23 +57,38 @@ class Runner:
                 started.append(client)
             tasks = [asyncio.create_task(c) for c in self.background()]
             log.info("stage %s running", self.name)
+            loop = asyncio.create_task(self._loop())
             try:
-                while not self._stopping.is_set():
-                    await self.step()
+                await _until_done_or_failed(loop, tasks)
             finally:
-                for task in tasks:
+                for task in (loop, *tasks):
                     task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.gather(loop, *tasks, return_exceptions=True)
         finally:
             STAGE_UP.labels(stage=self.name).set(0)
             for client in reversed(started):
                 await client.stop()
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            await self.step()
 
     def stop(self) -> None:
         self._stopping.set()
 
     def reset(self) -> None:
         """Before a restart after a failure: a stage whose clients cannot start twice makes new ones."""
+
+
+async def _until_done_or_failed(loop: asyncio.Task[None], background: list[asyncio.Task[None]]) -> None:
+    """Until the stage's loop returns; a loop or background task that raises raises here, so the stage
+    fails whole and is restarted (a background task that died alone would leave the stage up and deaf)."""
+    pending: set[asyncio.Task[None]] = {loop, *background}
+    while loop in pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
 
 
 async def run_stages(*stages: Runner, restart_s: float = 1.0, max_restart_s: float = 30.0) -> None:

@@ -1,6 +1,9 @@
 """The abandoned-reply detector: which replies it watches (pure), and whom it cancels (fake Redis, producer)."""
 from __future__ import annotations
 
+import pytest
+from aiokafka.errors import KafkaConnectionError
+
 from consumers.abandoned import AbandonedDetector, Running, observe, overdue
 from infra.config.settings import Settings
 from infra.stores import keys
@@ -69,3 +72,30 @@ async def test_another_detector_that_cancelled_first_is_not_repeated() -> None:
     await redis.set(keys.abandoned_cancelled("g"), "1")
     observe(d.running, queued("g"), 0.0)
     assert await d.check(31.0) == [] and producer.sent == [] and d.running == {}
+
+
+async def test_a_reply_that_ends_while_its_heartbeat_is_looked_up_is_left_alone() -> None:
+    d, redis, producer = await detector()
+    observe(d.running, queued("g"), 0.0)
+
+    async def exists_then_the_reply_ends(key: str) -> int:  # the stage's loop runs during the lookup
+        observe(d.running, GenerationFinished(**ids("g"), plan="free", message_id="g", status="complete",
+                                              text="x", usage=Usage(), model="m", pool="large", worker_id="w"), 31.0)
+        return 0
+    redis.exists = exists_then_the_reply_ends  # type: ignore[method-assign]
+    assert await d.check(31.0) == [] and producer.sent == [] and d.running == {}
+
+
+async def test_a_cancel_that_could_not_be_sent_is_sent_at_the_next_check() -> None:
+    d, redis, producer = await detector()
+    observe(d.running, queued("g"), 0.0)
+    sent = producer.send_and_wait
+
+    async def kafka_down(*args: object, **kwargs: object) -> None:
+        raise KafkaConnectionError("no broker")
+    producer.send_and_wait = kafka_down  # type: ignore[method-assign]
+    with pytest.raises(KafkaConnectionError):
+        await d.check(31.0)
+    assert "g" in d.running and not await redis.exists(keys.abandoned_cancelled("g"))
+    producer.send_and_wait = sent  # type: ignore[method-assign]
+    assert await d.check(32.0) == ["g"] and d.running == {}

@@ -158,3 +158,32 @@ async def test_the_reaper_survives_a_redis_outage_and_sweeps_again() -> None:
     assert not task.done() and "reaper" not in HEALTH.waiting
     reaper.stop()
     await asyncio.wait_for(task, 5)
+
+
+class DyingBackground(Runner):
+    """A stage whose background task raises on its first run only; its loop just idles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name, self.runs = "dying", 0
+
+    def background(self) -> list[Any]:
+        self.runs += 1
+        return [self._fail()] if self.runs == 1 else []
+
+    async def _fail(self) -> None:
+        await asyncio.sleep(0.01)
+        raise RedisConnectionError("Connection reset by peer")
+
+    async def step(self) -> None:
+        await self.idle(0.05)
+
+
+async def test_a_stage_whose_background_task_dies_is_restarted_not_left_deaf() -> None:
+    stage = DyingBackground()
+    runner = asyncio.create_task(run_stages(stage, restart_s=0.01))
+    while stage.runs < 2:
+        await asyncio.sleep(0.01)
+    assert not runner.done()  # restarted, and now running with its background work back
+    stage.stop()
+    await asyncio.wait_for(runner, 5)
