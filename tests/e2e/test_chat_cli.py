@@ -19,10 +19,17 @@ from tests.e2e.service import Service, free_port
 LONG = "Write a long story about a lighthouse keeper and the sea."
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C raises in the child as in a user's shell, even when this run was started in the background
+    (a non-interactive shell's `cmd &` ignores SIGINT, the ignore is inherited, and Python then installs
+    no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn(*args: str) -> Any:
     env = dict(os.environ, PYTHONUNBUFFERED="1", TERM="dumb")
     child = pexpect.spawn(sys.executable, ["-m", "infra.local.cli", "chat", *args], env=env, encoding="utf-8",
-                          timeout=240, dimensions=(40, 200))
+                          timeout=240, dimensions=(40, 200), preexec_fn=_as_in_a_terminal)
     return child
 
 

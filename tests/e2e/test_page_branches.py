@@ -93,14 +93,16 @@ async def test_search_finds_titles_and_message_text(make_page: Page, http: httpx
     await page.goto("/#/")
     await page.locator("#app").wait_for(state="visible")
     await open_drawer(page, size)
-    await page.locator("#search").fill(word[:7])  # a word's beginning is enough
+    typed = word[:7]  # a word's beginning is enough
+    await page.locator("#search").fill(typed)
     await until(page, "document.querySelector('#search-results .hit mark')")
-    assert word in (await page.locator("#search-results mark").first.inner_text()).lower()
+    marks = [m.lower() for m in await page.locator("#search-results mark").all_inner_texts()]
+    assert any(word in m for m in marks) and all(typed in m for m in marks), marks  # the reply may echo it cut
     assert await page.locator("#conversation-list").is_hidden()
     await shot(page, f"32-search-{size}")
     await page.locator("#search-results .hit").first.click()
     await until(page, "(id) => location.hash === `#/c/${id}` && document.querySelector('.msg.found')", 30, cid)
-    assert word in (await page.locator(".msg.found").inner_text()).lower()
+    assert typed in (await page.locator(".msg.found").inner_text()).lower()
 
     await open_drawer(page, size)
     await page.locator("#search").fill(title_word.upper())
