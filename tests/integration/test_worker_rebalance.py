@@ -5,19 +5,16 @@ reply ends exactly once with its tokens numbered without a gap or a repeat. The 
 (tests/fakes.py): what is under test is the workers' hand-over."""
 from __future__ import annotations
 
-import asyncio
-import time
+from collections.abc import Callable
 from typing import Any
 
 from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config.plans import Plan
 from infra.config.settings import Settings
-from schemas import GenerationFinished, GenerationStarted, TokensAppended, new_id
+from schemas import GenerationFinished, GenerationStarted, TokensAppended
 from tests.fakes import FakeEngine
-from tests.integration.worker_requests import gather_events, request
-from topics import Topics
-from topics.clients import make_consumer, make_producer
+from tests.integration.worker_requests import one_reply, streamed
 
 PLANS = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
 REPLY = " ".join(f"w{i}" for i in range(80))
@@ -30,29 +27,15 @@ async def test_a_worker_joining_mid_reply_takes_it_over_with_one_owner_at_a_time
                              worker_id="first", plans=PLANS)  # type: ignore[arg-type]
     second = GenerationWorker(settings, limits, FakeEngine(reply=REPLY, step_delay=0.08), capacity=4,
                               worker_id="second", plans=PLANS)  # type: ignore[arg-type]
-    topics = Topics(settings.topic_prefix)
-    reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None, auto_offset_reset="latest")
-    await reader.start()
-    producer = make_producer(settings.kafka_bootstrap)
-    await producer.start()
-    runs = [asyncio.create_task(first.run())]
-    gid, events = new_id(), []
-    try:
-        await asyncio.sleep(1.0)  # the reader is at the end of chat.tokens
-        await request(producer, topics, gid, 60)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not any(isinstance(e, GenerationFinished) for e in events):
-            await gather_events(reader, gid, events)
-            if len(runs) == 1 and sum(isinstance(e, TokensAppended) for e in events) >= 5:
-                runs.append(asyncio.create_task(second.run()))  # joins mid-reply: the group rebalances
-        await asyncio.sleep(2)  # anything a second owner would still append
-        await gather_events(reader, gid, events, 500)
-    finally:
-        first.stop()
-        second.stop()
-        await asyncio.wait_for(asyncio.gather(*runs), 60)
-        await producer.stop()
-        await reader.stop()
+    joined = False
+
+    def during(events: list[Any], start: Callable[[GenerationWorker], None]) -> None:
+        nonlocal joined
+        if not joined and streamed(events) >= 5:
+            start(second)  # joins mid-reply: the group rebalances
+            joined = True
+
+    events = await one_reply(settings, first, 60, during, settle_s=2)  # 2 s: anything a second owner appends
 
     ends = [e for e in events if isinstance(e, GenerationFinished)]
     assert len(ends) == 1, [type(e).__name__ for e in events]

@@ -5,19 +5,17 @@ reply's end failed on Redis, the worker logged it and committed the request: the
 reservation stayed held. The engine is the test double (tests/fakes.py): what is under test is the worker."""
 from __future__ import annotations
 
-import asyncio
 import time
+from typing import Any
 
 from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config.plans import Plan
 from infra.config.settings import Settings
-from schemas import GenerationFinished, TokensAppended, new_id
+from schemas import GenerationFinished, TokensAppended
 from tests.e2e.proxy import DroppingProxy
 from tests.fakes import FakeEngine
-from tests.integration.worker_requests import gather_events, request
-from topics import Topics
-from topics.clients import make_consumer, make_producer
+from tests.integration.worker_requests import one_reply, streamed
 
 PLANS = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
 REPLY = " ".join(f"w{i}" for i in range(60))
@@ -30,32 +28,17 @@ async def test_a_reply_waits_out_a_redis_outage_and_ends_once_complete(settings:
         worker = GenerationWorker(through_proxy, Limits("large", "fake", max_model_len=512),
                                   FakeEngine(reply=REPLY, step_delay=0.05), capacity=4, worker_id="outage",
                                   plans=PLANS)  # type: ignore[arg-type]
-        topics = Topics(settings.topic_prefix)
-        reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None, auto_offset_reset="latest")
-        await reader.start()
-        producer = make_producer(settings.kafka_bootstrap)
-        await producer.start()
-        running = asyncio.create_task(worker.run())
-        gid, events, cut_at = new_id(), [], 0.0
-        try:
-            await asyncio.sleep(1.0)  # the reader is at the end of chat.tokens
-            await request(producer, topics, gid, 40)
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and not any(isinstance(e, GenerationFinished) for e in events):
-                await gather_events(reader, gid, events)
-                if not cut_at and sum(isinstance(e, TokensAppended) for e in events) >= 5:
-                    redis_proxy.cut()  # mid-reply: the worker next needs Redis at the reply's end
-                    cut_at = time.monotonic()
-                if cut_at and redis_proxy.refusing and time.monotonic() - cut_at > OUTAGE_S:
-                    redis_proxy.restore()
-            await asyncio.sleep(1)  # anything appended after the end
-            await gather_events(reader, gid, events, 500)
-        finally:
-            redis_proxy.restore()
-            worker.stop()
-            await asyncio.wait_for(running, 60)
-            await producer.stop()
-            await reader.stop()
+        cut_at = 0.0
+
+        def during(events: list[Any], start: object) -> None:
+            nonlocal cut_at
+            if not cut_at and streamed(events) >= 5:
+                redis_proxy.cut()  # mid-reply: the worker next needs Redis at the reply's end
+                cut_at = time.monotonic()
+            if cut_at and redis_proxy.refusing and time.monotonic() - cut_at > OUTAGE_S:
+                redis_proxy.restore()
+
+        events = await one_reply(settings, worker, 40, during, before_stop=redis_proxy.restore)
 
     assert cut_at, "the reply never streamed"
     ends = [e for e in events if isinstance(e, GenerationFinished)]

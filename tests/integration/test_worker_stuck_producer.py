@@ -6,7 +6,6 @@ without a gap or a repeat. The stuck producer is a wrapper that swallows sends; 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -16,11 +15,9 @@ from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config.plans import Plan
 from infra.config.settings import Settings
-from schemas import GenerationFinished, TokensAppended, new_id
+from schemas import GenerationFinished, TokensAppended
 from tests.fakes import FakeEngine
-from tests.integration.worker_requests import gather_events, request
-from topics import Topics
-from topics.clients import make_consumer, make_producer
+from tests.integration.worker_requests import one_reply, streamed
 
 PLANS = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
 REPLY = " ".join(f"w{i}" for i in range(60))
@@ -53,28 +50,14 @@ async def test_a_reply_whose_producer_gets_no_acks_is_served_again_through_a_new
     worker = GenerationWorker(settings, Limits("large", "fake", max_model_len=512),
                               FakeEngine(reply=REPLY, step_delay=0.05), capacity=4, worker_id="stuck",
                               plans=PLANS)  # type: ignore[arg-type]
-    topics = Topics(settings.topic_prefix)
-    reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None, auto_offset_reset="latest")
-    await reader.start()
-    producer = make_producer(settings.kafka_bootstrap)
-    await producer.start()
-    running = asyncio.create_task(worker.run())
-    gid, events, stuck = new_id(), [], None
-    try:
-        await asyncio.sleep(1.0)  # the reader is at the end of chat.tokens
-        await request(producer, topics, gid, 40)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not any(isinstance(e, GenerationFinished) for e in events):
-            await gather_events(reader, gid, events)
-            if stuck is None and sum(isinstance(e, TokensAppended) for e in events) >= 5:
-                stuck = worker.producer = StuckProducer(worker.producer)  # type: ignore[assignment]
-        await asyncio.sleep(1)
-        await gather_events(reader, gid, events, 500)
-    finally:
-        worker.stop()
-        await asyncio.wait_for(running, 60)
-        await producer.stop()
-        await reader.stop()
+    stuck: StuckProducer | None = None
+
+    def during(events: list[Any], start: object) -> None:
+        nonlocal stuck
+        if stuck is None and streamed(events) >= 5:
+            stuck = worker.producer = StuckProducer(worker.producer)  # type: ignore[assignment]
+
+    events = await one_reply(settings, worker, 40, during)
 
     assert stuck is not None and stuck.swallowed > 0, "the producer was never stuck"
     assert worker.producer is not stuck  # renewed

@@ -1,13 +1,21 @@
-"""What the worker tests on real Kafka share: put one generation's request on the paid lane, and gather that
-generation's events from a reader of chat.tokens."""
+"""What the worker tests on real Kafka share: put one generation's request on the paid lane, gather that
+generation's events from a reader of chat.tokens, and serve one reply while a test injects its fault."""
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from schemas import GenerationRequested, decode
+from consumers.generation.worker import GenerationWorker
+from infra.config.settings import Settings
+from schemas import GenerationFinished, GenerationRequested, TokensAppended, decode, new_id
 from topics import Topics
-from topics.clients import send
+from topics.clients import make_consumer, make_producer, send
+
+# Called after each fetch with the events so far and a way to start one more worker into the pool.
+During = Callable[[list[Any], Callable[[GenerationWorker], None]], None]
 
 
 async def request(producer: Any, topics: Topics, generation_id: str, max_tokens: int) -> None:
@@ -21,3 +29,45 @@ async def gather_events(reader: Any, generation_id: str, events: list[Any], time
     """Append to ``events`` what one fetch brings of ``generation_id``'s events."""
     for records in (await reader.getmany(timeout_ms=timeout_ms)).values():
         events += [e for r in records if getattr(e := decode(r.value), "generation_id", None) == generation_id]
+
+
+def streamed(events: list[Any]) -> int:
+    """How many token chunks have been appended so far."""
+    return sum(isinstance(e, TokensAppended) for e in events)
+
+
+async def one_reply(settings: Settings, worker: GenerationWorker, max_tokens: int, during: During,
+                    settle_s: float = 1.0, before_stop: Callable[[], None] | None = None) -> list[Any]:
+    """Run ``worker``, send one request and gather its events until it finishes (90 s at most), calling
+    ``during`` after each fetch; then ``settle_s`` for anything appended after the end. Every worker is
+    stopped at the end (``before_stop`` runs first, to lift a fault)."""
+    topics = Topics(settings.topic_prefix)
+    reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None, auto_offset_reset="latest")
+    await reader.start()
+    producer = make_producer(settings.kafka_bootstrap)
+    await producer.start()
+    workers, runs = [worker], [asyncio.create_task(worker.run())]
+
+    def start(other: GenerationWorker) -> None:
+        workers.append(other)
+        runs.append(asyncio.create_task(other.run()))
+
+    gid, events = new_id(), []  # type: ignore[var-annotated]
+    try:
+        await asyncio.sleep(1.0)  # the reader is at the end of chat.tokens
+        await request(producer, topics, gid, max_tokens)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any(isinstance(e, GenerationFinished) for e in events):
+            await gather_events(reader, gid, events)
+            during(events, start)
+        await asyncio.sleep(settle_s)  # anything appended after the end
+        await gather_events(reader, gid, events, 500)
+    finally:
+        if before_stop is not None:
+            before_stop()
+        for w in workers:
+            w.stop()
+        await asyncio.wait_for(asyncio.gather(*runs), 60)
+        await producer.stop()
+        await reader.stop()
+    return events
