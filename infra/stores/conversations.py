@@ -130,7 +130,11 @@ class Conversations:
                             source: str | None = "page") -> tuple[list[Conversation], str | None]:
         """Newest first, of one ``source`` (None: all). Stale rows left by concurrent bumps are skipped, not
         shown twice. Rows of other sources are skipped by reading on until ``limit`` rows are found, so
-        a page of the sidebar is never empty while older conversations remain."""
+        a page of the sidebar is never empty while older conversations remain.
+
+        A row whose conversation is deleted is skipped too: a reply saved while its owner deleted the
+        conversation writes its list row, sees the deletion and takes the row back, and a list read in
+        between would show the deleted conversation again."""
         seen: set[str] = set()
         items: list[Conversation] = []
         state = _state(cursor)
@@ -138,8 +142,10 @@ class Conversations:
             page = await self.db.page(
                 "SELECT user_id, updated_at, conversation_id, title, model, source FROM conversations_by_user "
                 "WHERE user_id = ?", (user_id,), fetch_size=limit, paging_state=state)
-            for r in page.rows:
-                if r.conversation_id not in seen and source in (None, r.source or "page"):
+            rows = [r for r in page.rows if r.conversation_id not in seen and source in (None, r.source or "page")]
+            live = await asyncio.gather(*(self._live(r.conversation_id, user_id) for r in rows))
+            for r, ok in zip(rows, live, strict=True):
+                if ok and r.conversation_id not in seen:
                     seen.add(r.conversation_id)
                     items.append(Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at,
                                               r.source or "page"))
@@ -147,6 +153,12 @@ class Conversations:
             if items or not state:
                 titles = await asyncio.gather(*(self._open(c.conversation_id, c.title) for c in items))
                 return [dataclasses.replace(c, title=t) for c, t in zip(items, titles, strict=True)], _cursor(state)
+
+    async def _live(self, conversation_id: str, user_id: str) -> bool:
+        """Not deleted (nor purged) and still this user's."""
+        rows = await self.db.execute("SELECT user_id, deleted FROM conversations WHERE conversation_id = ?",
+                                     (conversation_id,))
+        return bool(rows) and not rows[0].deleted and rows[0].user_id == user_id
 
     async def touch(self, conv: Conversation, at: datetime, title: str | None = None,
                     model: str | None = None) -> Conversation:

@@ -49,6 +49,28 @@ async def test_a_reply_saved_after_its_conversation_was_deleted_does_not_list_it
     assert await convs.get(conv.conversation_id) is None
 
 
+async def test_a_list_read_between_a_late_bump_and_its_take_back_does_not_show_the_deleted(db) -> None:  # type: ignore[no-untyped-def]
+    """The late reply's touch writes its list row before it sees the deletion; a list read in that window (the
+    sidebar reloaded right after delete-all) must not show the conversation."""
+    convs = Conversations(db)
+    user = new_id()
+    conv = await convs.create(user, title="gone soon")
+    kept = await convs.create(user, title="kept")
+    await convs.mark_deleted(conv)
+    await db.execute(  # the row the bump writes first, as it stands before its check takes it back
+        "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
+        "VALUES (?, ?, ?, ?, ?, ?)", (user, datetime.now(UTC) + timedelta(seconds=5), conv.conversation_id, None,
+                                      None, "page"))
+    listed, _ = await convs.list_for_user(user, limit=1, source=None)  # the page fills from the next row
+    assert [c.conversation_id for c in listed] == [kept.conversation_id]
+    other = await convs.create(new_id(), title="someone else's")
+    await db.execute(
+        "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
+        "VALUES (?, ?, ?, ?, ?, ?)", (user, datetime.now(UTC) + timedelta(seconds=6), other.conversation_id, None,
+                                      None, "page"))
+    assert [c.conversation_id for c in (await convs.list_for_user(user, limit=10))[0]] == [kept.conversation_id]
+
+
 async def test_api_conversations_are_listed_only_when_asked_for(db) -> None:  # type: ignore[no-untyped-def]
     convs = Conversations(db)
     user = new_id()
