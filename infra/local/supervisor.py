@@ -8,13 +8,20 @@ the same group, writing to the same log. So `down` still stops everything with o
 When the child exits without the supervisor having been told to stop, it is started again after a
 backoff (1 s, doubling to 30 s; back to 1 s once a run lasted a minute). Each restart is logged and
 counted in ``<state>/run/<name>.restarts.json``, which `parley status` shows.
+
+What a dead child leaves behind is killed before the restart. A SIGKILLed worker's vLLM engine core and its
+worker process outlive it (reparented, holding the model and the KV cache: 3 GB here, the card's memory on a
+GPU) beside the engine its restart loads. The supervisor is the child subreaper of its tree
+(``PR_SET_CHILD_SUBREAPER``), so such orphans become its own children and it can find and stop them.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
+import os
 import signal
 import sys
 import time
@@ -24,6 +31,72 @@ from pathlib import Path
 from infra.config.settings import Settings
 
 FIRST_DELAY_S, MAX_DELAY_S, HEALTHY_AFTER_S = 1.0, 30.0, 60.0
+LEFTOVER_GRACE_S = 5.0  # SIGTERM to what the dead child left, then SIGKILL
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphans of the child's tree are reparented to this process instead of init (Linux only)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children_of(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from /proc (children first, then theirs)."""
+    out, todo = [], children_of(pid)
+    while todo:
+        child = todo.pop(0)
+        if child not in out:
+            out.append(child)
+            todo += children_of(child)
+    return out
+
+
+async def kill_leftovers(grace_s: float = LEFTOVER_GRACE_S) -> list[int]:
+    """SIGTERM every process left below this one, SIGKILL those still there after ``grace_s``; reap them."""
+    left = descendants(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            left = [p for p in left if _alive_unreaped(p)]
+        if not left:
+            break
+    return left
+
+
+def _alive_unreaped(pid: int) -> bool:
+    """False once ``pid`` has exited; reaps it if it is this process's child (an adopted orphan)."""
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").exists() and "State:\tZ" not in _status(pid)
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -85,6 +158,12 @@ class Supervisor:
             self.record.child_pid = self.child.pid
             self.save()
             code = await self.child.wait()
+            left = descendants(os.getpid())
+            if left:
+                self.say(f"{self.name} exited with {code}; stopping {len(left)} process(es) it left: "
+                         f"{', '.join(map(str, left))}")
+                if still := await kill_leftovers():
+                    self.say(f"could not stop {', '.join(map(str, still))}")
             if self.stopping.is_set():
                 return code
             wait_s, delay = next_delay(delay, time.monotonic() - began)
@@ -112,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(name: str, command: list[str], state_dir: Path) -> int:
+    become_subreaper()
     supervisor = Supervisor(name, command, state_dir)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

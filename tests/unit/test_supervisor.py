@@ -62,3 +62,35 @@ def _gone(pid: int) -> bool:
         return True
     state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] if Path(f"/proc/{pid}/stat").exists() else "X"
     return state in ("Z", "X")
+
+
+def test_what_a_killed_child_leaves_behind_is_stopped_before_the_restart(tmp_path: Path) -> None:
+    # Like a worker and its vLLM engine core: the child starts a process of its own, then is SIGKILLed.
+    # The orphan (which ignores SIGTERM, so SIGKILL is needed) must not outlive it.
+    log = (tmp_path / "svc.log").open("ab")
+    env = {**os.environ, "PARLEY_STATE_DIR": str(tmp_path)}
+    orphan = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    child = [sys.executable, "-c", "import subprocess, sys, time; "
+             f"p = subprocess.Popen([sys.executable, '-c', {orphan!r}]); "
+             "open(sys.argv[1], 'a').write(f'{p.pid}\\n'); print('svc up', flush=True); time.sleep(600)",
+             str(tmp_path / "orphans")]
+    sup = subprocess.Popen([sys.executable, "-m", "infra.local.cli", "supervise", "svc", "--", *child],
+                           stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        first = _wait_for(lambda: read_restarts(tmp_path, "svc").child_pid)
+        left = int(_wait_for(lambda: (tmp_path / "orphans").exists() and (tmp_path / "orphans").read_text()))
+        assert not _gone(left)
+        os.kill(first, signal.SIGKILL)
+        _wait_for(lambda: (r := read_restarts(tmp_path, "svc")).child_pid not in (None, first) and r)
+        assert _gone(left)  # killed (SIGTERM ignored, so SIGKILL after the grace) and reaped before the restart
+        text = (tmp_path / "svc.log").read_text()
+        assert f"stopping 1 process(es) it left: {left}" in text
+        second = _wait_for(lambda: len((tmp_path / "orphans").read_text().split()) == 2
+                           and int((tmp_path / "orphans").read_text().split()[1]))
+        sup.send_signal(signal.SIGTERM)  # a stop takes the new child's own process with it
+        assert sup.wait(timeout=30) is not None
+        assert _gone(second)
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+        log.close()
