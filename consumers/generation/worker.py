@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import time
+import weakref
 from typing import Any
 
 import msgspec
@@ -66,7 +67,7 @@ from schemas import (
 from schemas.errors import EventDecodeError
 from topics import GENERATE, Role, Topics
 from topics.catalogue import CONTROL, DEADLETTER, GENERATION, REPLIES, TOKENS
-from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer, send
+from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer
 from topics.replay import open_reader
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,10 @@ class GenerationWorker:
         self.producer = make_producer(settings.kafka_bootstrap)
         self._producer_renewed = 0.0
         self._producer_lock = asyncio.Lock()
+        # A failed attempt's appends not acknowledged yet, per generation, with the producer holding them; and
+        # the producers closed for good (nothing they still held can land any more).
+        self._unsettled: dict[str, tuple[Any, set[asyncio.Future[Any]]]] = {}
+        self._closed_producers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
             session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
@@ -281,13 +286,19 @@ class GenerationWorker:
         Fencing: this worker takes the generation once (a worker that held it before, presumed dead and then
         woken, finds a newer epoch and stops; every reader ignores its older epoch). A retry keeps that epoch
         and first checks it still holds it: a worker that was paused by the outage and taken over meanwhile
-        leaves the generation to its new owner."""
+        leaves the generation to its new owner.
+
+        A retry reads the saved tokens only once the failed attempt's appends are settled (``_settle``): an
+        idempotent producer retries a batch until it lands, so appends that were not acknowledged during the
+        outage reach the log after it. Resuming before them wrote a second set of tokens at the same seqs,
+        and the clients, shown the first, ended with text other than the saved reply."""
         picked_at = time.time()
         self.metrics.picked(req.lane, req.enqueued_at, picked_at)
         delay, began = FIRST_DELAY_S, 0.0
         try:
             while True:
                 try:
+                    await self._settle(req.generation_id)
                     opened = await self._open(req)
                     if not self.fence.epoch(req.generation_id):
                         await self.fence.take(req.generation_id)
@@ -311,6 +322,37 @@ class GenerationWorker:
                     delay = min(delay * 2, MAX_DELAY_S)
         finally:
             self.fence.release(req.generation_id)
+            self._unsettled.pop(req.generation_id, None)
+
+    async def _landed(self, generation_id: str, futures: list[asyncio.Future[Any]]) -> None:
+        """Wait for these appends' acks, at most ACK_TIMEOUT_S: an idempotent aiokafka producer never expires
+        a batch, so an append to a partition whose broker lost the producer's sequence would otherwise wait for
+        good. Those still unacknowledged are kept for the retry to settle, never cancelled: they may land yet."""
+        if not futures:
+            return
+        done, waiting = await asyncio.wait(futures, timeout=ACK_TIMEOUT_S)
+        if waiting:
+            producer, held = self._unsettled.get(generation_id, (self.producer, set()))
+            self._unsettled[generation_id] = (producer, {f for f in held if not f.done()} | waiting)
+            raise KafkaTimeoutError(f"no ack within {ACK_TIMEOUT_S:.0f} s")
+        for future in futures:
+            if not future.cancelled() and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+
+    async def _settle(self, generation_id: str) -> None:
+        """Before a retried generation reads what it saved: every append of its failed attempt has landed or
+        failed, or its producer was closed for good, so none can land behind the reading."""
+        held = self._unsettled.get(generation_id)
+        if held is None:
+            return
+        producer, futures = held
+        waiting = {f for f in futures if not f.done()}
+        if waiting and producer not in self._closed_producers:
+            _, waiting = await asyncio.wait(waiting, timeout=ACK_TIMEOUT_S)
+            if waiting and producer not in self._closed_producers:
+                self._unsettled[generation_id] = (producer, waiting)
+                raise KafkaTimeoutError(f"{len(waiting)} appends of the failed attempt still unacknowledged")
+        del self._unsettled[generation_id]
 
     async def _renew_producer(self, exc: BaseException) -> None:
         """A new idempotent producer (a new producer id, sequences from 0). When every broker restarted while
@@ -331,8 +373,13 @@ class GenerationWorker:
             old, self.producer = self.producer, fresh
             self._producer_renewed = time.monotonic()
             log.warning("worker %s: new Kafka producer after %s", self.worker_id, type(exc).__name__)
-        with contextlib.suppress(Exception):  # its stuck batches are what the retries replace
-            await asyncio.wait_for(old.stop(), ACK_TIMEOUT_S)
+            # Its batches land now (Kafka is back) or never: stopped in time, or closed for good. The retries
+            # that settle on it wait here, so none reads its saved tokens while they may still land.
+            try:
+                await asyncio.wait_for(old.stop(), ACK_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - still stuck: what it holds is what the retries replace
+                await _close_for_good(old)
+            self._closed_producers.add(old)
 
     async def _generate_owned(self, req: GenerationRequested, picked_at: float) -> None:
         if is_stale(req, picked_at):
@@ -432,7 +479,8 @@ class GenerationWorker:
             raise
         except RETRYABLE:  # a store, not the engine: stop here; the request is served again once it is back
             await self.engine.abort(req.generation_id)
-            await asyncio.gather(*pending, return_exceptions=True)
+            with contextlib.suppress(*RETRYABLE):  # not acknowledged yet: kept for the retry to settle
+                await self._landed(req.generation_id, pending)
             raise
         except KeyGone:  # deleted while generating, before its cancel arrived: nothing more may be sealed
             await self.engine.abort(req.generation_id)
@@ -440,7 +488,7 @@ class GenerationWorker:
         except Exception as exc:  # noqa: BLE001 - engine errors end this reply, not the worker
             log.exception("generation %s failed in the engine", req.generation_id)
             status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
-        await _acked(asyncio.gather(*pending))
+        await self._landed(req.generation_id, pending)
         if guard is not None and guard.held and blocked is None:  # the engine failed mid-chunk: never checked,
             unshown, joined = "".join(h.text for h in guard.held), "".join(text)  # so never shown or saved
             text, seq = [joined[:len(joined) - len(unshown)]], shown + 1
@@ -482,7 +530,8 @@ class GenerationWorker:
         if saved.finished is not None:
             # The previous worker finished but died before committing: announce the same finish again
             # on the replies topic (its readers skip duplicates); chat.tokens already has it.
-            await _acked(send(self.producer, self.topics.replies, saved.finished, key=req.conversation_id))
+            await self._landed(req.generation_id, [await enqueue(self.producer, self.topics.replies, saved.finished,
+                                                                 key=req.conversation_id)])
             return
         if decision.status == "failed":
             self.metrics.failures.inc()
@@ -506,8 +555,10 @@ class GenerationWorker:
         if event.purpose == "reply":
             await self.finished.put(event)  # readable (sealed like the event) before anyone sees its end
         # chat.tokens first: a recovering worker treats a finish there as final.
-        await _acked(send(self.producer, self.topics.tokens, event, key=event.generation_id))
-        await _acked(send(self.producer, self.topics.replies, event, key=event.conversation_id))
+        await self._landed(event.generation_id, [await enqueue(self.producer, self.topics.tokens, event,
+                                                               key=event.generation_id)])
+        await self._landed(event.generation_id, [await enqueue(self.producer, self.topics.replies, event,
+                                                               key=event.conversation_id)])
         if event.status == "failed":
             self.metrics.failures.inc()
         self.metrics.replies.labels(pool=self.limits.pool, status=event.status).inc()
@@ -572,10 +623,14 @@ async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
             w.cancel()
 
 
-async def _acked(sent: Any) -> Any:
-    """Await an ack, at most ACK_TIMEOUT_S: an idempotent aiokafka producer never expires a batch, so an
-    append to a partition whose broker lost the producer's sequence would otherwise wait for good."""
-    try:
-        return await asyncio.wait_for(sent, ACK_TIMEOUT_S)
-    except TimeoutError as exc:
-        raise KafkaTimeoutError(f"no ack within {ACK_TIMEOUT_S:.0f} s") from exc
+async def _close_for_good(producer: Any) -> None:
+    """Stop a producer's sender and close its connections without flushing: the batches it still holds are
+    dropped, never sent (aiokafka's ``stop`` flushes first, and cancelled mid-flush leaves the sender running)."""
+    sender = getattr(producer, "_sender", None)
+    if sender is not None:
+        with contextlib.suppress(Exception):
+            await sender.close()
+    client = getattr(producer, "client", None)
+    if client is not None:
+        with contextlib.suppress(Exception):
+            await client.close()
