@@ -11,7 +11,8 @@ Days are compared whole: the replay starts at 00:00 UTC of ``--since``'s day and
 reads to the end of the topic, because a day's record can be published after the
 day ends (a reply that straddles midnight, a reaped reservation). Only (user, day)
 pairs with a record in the topic are checked; Redis counters older than their
-lifetime are reported as not compared rather than as mismatches.
+lifetime are reported as not compared rather than as mismatches. ``--user`` (repeatable)
+audits only those users.
 """
 from __future__ import annotations
 
@@ -126,11 +127,15 @@ def compare_row(user_id: str, day: str, want: DayTotals, row: Any | None, used: 
 
 
 async def replay(settings: Settings, since: datetime, until: datetime, *, redis: Any,
-                 records: Records, today: date | None = None) -> tuple[list[Mismatch], int]:
-    """(mismatches, number of (user, day) pairs checked)."""
+                 records: Records, today: date | None = None,
+                 users: set[str] | None = None) -> tuple[list[Mismatch], int]:
+    """(mismatches, number of (user, day) pairs checked); ``users``: audit only these."""
     today = today or datetime.now(UTC).date()
     charges: dict[str, UsageRecorded] = {}
     totals = await recompute(settings, since, until, charges)
+    if users is not None:
+        totals = {k: v for k, v in totals.items() if k[0] in users}
+        charges = {g: r for g, r in charges.items() if r.user_id in users}
     mismatches: list[Mismatch] = unmatched_charges(charges, await finished_replies(settings, since))
     for (user_id, day), want in sorted(totals.items()):
         row = await records.usage_day(user_id, day)
@@ -163,9 +168,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     cmd = actions.add_parser("replay", help="recompute usage from the topic and compare with the stores")
     cmd.add_argument("--since", required=True, type=parse_when, help="ISO time (UTC if no zone)")
     cmd.add_argument("--until", type=parse_when, default=None, help="ISO time (UTC if no zone); default: now")
+    cmd.add_argument("--user", action="append", dest="users", default=None, metavar="USER_ID",
+                     help="audit only this user (repeatable); default: every user with usage in the window")
 
 
-async def _run(settings: Settings, since: datetime, until: datetime) -> tuple[list[Mismatch], int]:
+async def _run(settings: Settings, since: datetime, until: datetime,
+               users: set[str] | None = None) -> tuple[list[Mismatch], int]:
     import redis.asyncio as aioredis
 
     from infra.stores.session import AsyncSession, connect
@@ -173,7 +181,8 @@ async def _run(settings: Settings, since: datetime, until: datetime) -> tuple[li
     cluster, session = connect(settings)
     client = aioredis.Redis.from_url(settings.redis_url)
     try:
-        return await replay(settings, since, until, redis=client, records=Records(AsyncSession(session)))
+        return await replay(settings, since, until, redis=client, records=Records(AsyncSession(session)),
+                            users=users)
     finally:
         await client.aclose()
         cluster.shutdown()
@@ -181,6 +190,7 @@ async def _run(settings: Settings, since: datetime, until: datetime) -> tuple[li
 
 def run(args: argparse.Namespace) -> int:
     until = args.until or datetime.now(UTC)
-    mismatches, checked = asyncio.run(_run(Settings.from_env(), args.since, until))
+    users = set(args.users) if getattr(args, "users", None) else None
+    mismatches, checked = asyncio.run(_run(Settings.from_env(), args.since, until, users))
     print_report(mismatches, checked)
     return 1 if mismatches else 0

@@ -133,6 +133,9 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
     mismatches, _ = await billing.replay(settings, since, until, redis=redis_client, records=records)
     assert [(m.user_id, m.store, m.field, m.expected, m.found) for m in mismatches] == [
         (users[0], "redis", "used", want[users[0]], want[users[0]] + 1)]
+    # Audited per user: the other user's days are checked and clean, this one's are not looked at.
+    assert await billing.replay(settings, since, until, redis=redis_client, records=records,
+                                users={users[1]}) == ([], 1)
     # A charge with no finished reply behind it (what the reaper used to do with an estimate) is named too.
     orphan = (await quota.settled(replies[1].generation_id)).usage_recorded()  # type: ignore[union-attr]
     ghost = msgspec.structs.replace(orphan, generation_id=uuid.uuid4().hex, charged_tokens=9_334)

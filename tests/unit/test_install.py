@@ -42,12 +42,16 @@ def test_billing_replay_until_defaults_to_now(monkeypatch) -> None:  # type: ign
     assert args.until is None
     seen: dict[str, datetime] = {}
 
-    async def fake_run(settings: Settings, since: datetime, until: datetime) -> tuple[list[object], int]:
+    async def fake_run(settings: Settings, since: datetime, until: datetime,
+                       users: set[str] | None = None) -> tuple[list[object], int]:
         seen["until"] = until
+        seen["users"] = users  # type: ignore[assignment]
         return [], 0
 
     monkeypatch.setattr(billing, "_run", fake_run)
     monkeypatch.setattr(billing, "print_report", lambda mismatches, checked: None)
     before = datetime.now(UTC)
     assert billing.run(args) == 0
-    assert before <= seen["until"] <= datetime.now(UTC)
+    assert before <= seen["until"] <= datetime.now(UTC) and seen["users"] is None
+    assert billing.run(parser.parse_args(["replay", "--since", "2026-01-01", "--user", "a", "--user", "b"])) == 0
+    assert seen["users"] == {"a", "b"}
