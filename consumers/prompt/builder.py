@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from consumers.deadlines import past_deadline
+from consumers.deadlines import late
 from consumers.prompt import summary as summaries
 from consumers.prompt.branch import branch_turns, newest_reply
 from consumers.prompt.fit import TooLong, Turn, Window, fit, fit_history, fit_window
@@ -61,7 +61,7 @@ class PromptBuilder:
         if isinstance(req, InputBlocked):
             await self._save_blocked(req)
             return []
-        if past_deadline(req.deadline):
+        if await late(req.deadline, req.generation_id, self.redis):
             # Nothing written yet; the reservation is released at once, charging nothing.
             if self.quota is not None:
                 await self.quota.settle(req.generation_id, 0, 0, status="failed")

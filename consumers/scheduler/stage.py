@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import Counter as PromCounter
 
-from consumers.deadlines import past_deadline
+from consumers.deadlines import late, mark_queued
 from consumers.scheduler.canned import CANNED_MODEL, CANNED_POOL, CannedReplies
 from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
 from consumers.stage import Out, Stage
@@ -56,14 +56,16 @@ ROLE = Role(SCHEDULER, reads=(PROMPTS, REPLIES), writes=(GENERATE, TOKENS, REPLI
 
 class Scheduler:
     def __init__(self, topics: Topics, queues: Queues, plans: dict[str, Plan], models: dict[str, str],
-                 canned: CannedReplies | None = None, quota: Any = None, finished: Any = None) -> None:
+                 canned: CannedReplies | None = None, quota: Any = None, finished: Any = None,
+                 redis: Any = None) -> None:
         self.topics, self.queues, self.plans, self.models = topics, queues, plans, models
         self.canned, self.quota, self.replies = canned, quota, finished  # not .finished: a method
+        self.redis = redis  # the queued marks (None: every late record is dropped)
         self.partition_load: dict[str, Counter[int]] = {}
         self.placed: dict[str, tuple[str, int]] = {}
 
     async def handle(self, p: PromptBuilt) -> list[Out]:
-        if past_deadline(p.deadline):
+        if await late(p.deadline, p.generation_id, self.redis):
             return self._expired(p)
         plan = self.plans[p.plan]
         if p.pool not in self.queues.pools:
@@ -78,12 +80,14 @@ class Scheduler:
                 DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="canned").inc()
                 log.info("generation %s served a prepared reply: every pool past the %s limit", p.generation_id,
                          p.plan)
+                await mark_queued(self.redis, p.generation_id)
                 return await self._prepared(p, prepared)
             DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="refused").inc()
             log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
             return await self._refuse(p, 503, decision.message,
                                       max(1.0, decision.wait_s - plan.queue_wait_limit_s))
         ids, max_tokens = prompt_for(p, decision.pool)
+        await mark_queued(self.redis, p.generation_id)  # before the records: a redelivery is never "late"
         topic = self.topics.generate(decision.pool, decision.lane)
         partition = self._partition(topic, p.conversation_id)
         self.queues.enqueued(p.generation_id, decision.pool, decision.lane)
@@ -185,7 +189,7 @@ class SchedulerStage(Stage):
         quota = Quota.configured(redis, plans, settings) if redis is not None else None
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
                                    CannedReplies.load(settings.canned_file), quota,
-                                   FinishedReplies(redis, sealer=sealer) if redis is not None else None)
+                                   FinishedReplies(redis, sealer=sealer) if redis is not None else None, redis)
         super().__init__(ROLE, settings, (PromptBuilt,), self.scheduler.handle, sealer=sealer)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:

@@ -10,6 +10,13 @@ def generation_started(generation_id: str) -> str:
     return f"{PREFIX}gen:{generation_id}:started"
 
 
+def generation_queued(generation_id: str) -> str:
+    """Set by the scheduler as it queues a generation (or serves it a prepared reply): the client has its
+    stream from then on, so a redelivery of the generation's earlier records after a crash is past any
+    deadline but not late work; it must not be dropped, released or ended as failed."""
+    return f"{PREFIX}gen:{generation_id}:queued"
+
+
 def generation_epoch(generation_id: str) -> str:
     """Incremented by each worker that takes the generation on; its events carry the value (fencing)."""
     return f"{PREFIX}gen:{generation_id}:epoch"

@@ -8,10 +8,11 @@ from typing import Any
 import msgspec
 
 from consumers.admission import Admission, AdmissionRules
-from consumers.deadlines import past_deadline
+from consumers.deadlines import late, mark_queued, past_deadline
 from consumers.prompt.builder import PromptBuilder
 from infra.config.plans import load_plans
 from schemas import GenerationFinished, RequestAdmitted
+from tests.fake_stores import FakeRedis
 from tests.unit.test_admission import submitted
 from tests.unit.test_scheduler import _prompt, _scheduler
 from topics import Topics
@@ -59,3 +60,25 @@ async def test_the_scheduler_never_queues_a_late_request_and_ends_it_failed_at_z
     assert scheduler.queues.pools["large"].outstanding["free"] == {}
     on_time = await scheduler.handle(msgspec.structs.replace(_prompt(), deadline=time.time() + 60))
     assert on_time[1].topic == "t.generate.large.free"
+
+
+async def test_a_redelivery_after_a_restart_of_a_queued_generation_is_not_late_work() -> None:
+    # The stages process died after the scheduler queued the reply and before its offset was committed; the
+    # restart hands it the same record, now past its deadline. The reply is streaming (or done): it must be
+    # queued again as any redelivery is, not ended as failed with its charge released.
+    redis = FakeRedis()
+    scheduler = _scheduler(busy=False)
+    scheduler.redis = redis
+    first = await scheduler.handle(msgspec.structs.replace(_prompt(), deadline=time.time() + 60))
+    assert first[1].topic == "t.generate.large.free"
+    restarted = _scheduler(busy=False)  # a new process: its queues start empty, the marks are in Redis
+    restarted.redis = redis
+    again = await restarted.handle(msgspec.structs.replace(_prompt(), deadline=time.time() - 30))
+    assert [o.topic for o in again] == ["t.chat.tokens", "t.generate.large.free"]
+    assert not any(isinstance(o.event, GenerationFinished) for o in again)
+    # The prompt stage's redelivery is not late either; one never queued still is, and with no Redis every
+    # late record is dropped as before.
+    assert not await late(time.time() - 30, "g", redis)
+    assert await late(time.time() - 30, "other", redis) and await late(time.time() - 30, "g", None)
+    assert not await late(time.time() + 30, "other", redis)
+    await mark_queued(None, "g")  # no Redis: nothing to mark, no error
