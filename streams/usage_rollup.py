@@ -12,28 +12,83 @@ The per-minute rollup is keyed by plan, so records are first re-keyed through an
 app-internal topic: every (plan, minute) row then lives on one partition and one
 worker, whichever users' partitions fed it. A record is re-keyed once, when the
 ledger first counts it.
+
+A reconciler (``Reconciler``, every 30 s) reads this instance's ``usage`` partitions again over the time
+since its last pass and counts any record the ledger lacks: faust's agent was once never handed a record
+published while the restarted rollup rejoined its group (the fault suite's stages SIGKILL: a day row held 1
+reply of 2), and a ledger cannot count what it is not given. The agent and the reconciler count one record
+at a time (a lock), so neither rewrites a day row from an older sum than the other's.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import faust
+from aiokafka.errors import KafkaError
 
 from infra.config.settings import Settings
 from infra.stores.records import Records
-from schemas import UsageRecorded
+from infra.stores.retry import until_stored
+from schemas import EventDecodeError, UsageRecorded, decode
 from streams.app import applied, make_app, topic
 from streams.codec import CODEC_NAME
 from topics import Role, Topics
 from topics.catalogue import DEADLETTER, USAGE, USAGE_ROLLUP
+from topics.replay import open_reader, read_to_end
 
 log = logging.getLogger(__name__)
 ROLE = Role(USAGE_ROLLUP, reads=(USAGE,), writes=(DEADLETTER,))
 COUNTED = ("tokens_in", "tokens_out", "tokens_cached", "charged_tokens")
 MINUTES_TABLE = "plan_minute"
+RECONCILE_EVERY_S = 30.0
+RECONCILE_OVERLAP_S = 60.0  # each pass starts this long before the previous one began
+FIRST_LOOKBACK_S = 900.0  # the first pass after a start covers the restart that preceded it
+
+
+class Reconciler:
+    """Counts the ``usage`` records of some partitions that the ledger lacks, from a time on."""
+
+    def __init__(self, settings: Settings, records: Records, count: Callable[[UsageRecorded], Awaitable[bool]]) -> None:
+        self.settings, self.records, self.count = settings, records, count
+        self.topic = Topics(settings.topic_prefix).usage
+        self.began: float | None = None
+
+    def since(self, now: float) -> float:
+        return now - FIRST_LOOKBACK_S if self.began is None else self.began - RECONCILE_OVERLAP_S
+
+    async def run(self, partitions: set[int], now: float | None = None) -> int:
+        """One pass over ``partitions``; how many records it counted that the ledger lacked."""
+        now = time.time() if now is None else now
+        since, counted = self.since(now), 0
+        reader = await open_reader(self.settings.kafka_bootstrap, self.topic, since_ms=int(since * 1000))
+        try:
+            for tp in reader.partitions:
+                if tp.partition not in partitions:
+                    continue
+                async for rec in read_to_end(reader, tp):
+                    try:
+                        record = decode(rec.value, (UsageRecorded,))
+                    except EventDecodeError:
+                        continue  # the agent dead-letters it
+                    if not isinstance(record, UsageRecorded):
+                        continue
+                    if await until_stored(ROLE.stage, self.records.usage_counted, record.user_id, record.day,
+                                          record.generation_id):
+                        continue
+                    if await self.count(record):
+                        counted += 1
+                        log.warning("generation %s usage for user %s day %s was not handed to the rollup "
+                                    "(partition %d offset %d); counted by the reconciler", record.generation_id,
+                                    record.user_id, record.day, tp.partition, rec.offset)
+        finally:
+            await reader.close()
+        self.began = now
+        return counted
 
 
 def add_to_minute(row: dict[str, int] | None, record: UsageRecorded) -> dict[str, int]:
@@ -61,14 +116,18 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
     by_plan = app.topic(topics.internal(ROLE.stage, "by-plan"), internal=True, partitions=partitions,
                         value_serializer=CODEC_NAME, key_serializer="raw")
 
+    one_at_a_time = asyncio.Lock()
+
     @app.agent(topic(app, topics, USAGE))
     async def roll_days(stream: faust.StreamT) -> None:
         async for record in stream:
             if not isinstance(record, UsageRecorded):
                 continue
             # Written (a Cassandra outage waited out here) before faust may acknowledge the record.
-            counted = await applied(ROLE.stage, stream, topics, records.count_usage, record.user_id, record.day,
-                                    record.generation_id, record.tokens_in, record.tokens_out, record.tokens_cached)
+            async with one_at_a_time:
+                counted = await applied(ROLE.stage, stream, topics, records.count_usage, record.user_id,
+                                        record.day, record.generation_id, record.tokens_in, record.tokens_out,
+                                        record.tokens_cached)
             if counted is None:
                 continue  # dead-lettered
             _, new = counted
@@ -77,6 +136,29 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
             else:
                 log.info("generation %s usage already counted for user %s day %s; day rewritten from the ledger",
                          record.generation_id, record.user_id, record.day)
+
+    async def count_missed(record: UsageRecorded) -> bool:
+        async with one_at_a_time:
+            _, new = await until_stored(ROLE.stage, records.count_usage, record.user_id, record.day,
+                                        record.generation_id, record.tokens_in, record.tokens_out,
+                                        record.tokens_cached)
+        if new:
+            await by_plan.send(key=record.plan.encode(), value=record)
+        return new
+
+    reconciler = Reconciler(settings, records, count_missed)
+
+    @app.timer(RECONCILE_EVERY_S)
+    async def reconcile() -> None:
+        try:
+            mine = {tp.partition for tp in app.consumer.assignment() if tp.topic == reconciler.topic}
+            if mine:
+                await reconciler.run(mine)
+        except KafkaError as exc:  # an outage: the next pass covers this one's window too
+            log.warning("usage reconciliation skipped: Kafka unreachable (%s); the next pass reads its window "
+                        "again", type(exc).__name__)
+        except Exception:  # noqa: BLE001 - as above
+            log.exception("usage reconciliation failed; the next pass reads its window again")
 
     @app.agent(by_plan)
     async def roll_minutes(stream: faust.StreamT) -> None:

@@ -56,6 +56,12 @@ class Records:
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (u.user_id, u.day, u.tokens_in, u.tokens_out, u.tokens_cached, u.replies, datetime.now(UTC)))
 
+    async def usage_counted(self, user_id: str, day: str, generation_id: str) -> bool:
+        """Whether the rollup's ledger has this generation in its (user, day)."""
+        return bool(await self.db.execute(
+            "SELECT generation_id FROM usage_by_generation WHERE user_id = ? AND day = ? AND generation_id = ?",
+            (user_id, day, generation_id)))
+
     async def count_usage(self, user_id: str, day: str, generation_id: str, tokens_in: int, tokens_out: int,
                           tokens_cached: int) -> tuple[UsageDay, bool]:
         """Count one generation's usage in its (user, day): its ledger row is written (idempotent), then the
