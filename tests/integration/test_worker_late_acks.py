@@ -15,16 +15,10 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 
 from consumers.generation import worker as worker_module
-from consumers.generation.decisions import Limits
-from consumers.generation.worker import GenerationWorker
-from infra.config.plans import Plan
 from infra.config.settings import Settings
 from schemas import GenerationFinished, TokensAppended
-from tests.fakes import FakeEngine
-from tests.integration.worker_requests import one_reply, streamed
+from tests.integration.worker_requests import one_reply, quick_renewing_worker, streamed
 
-PLANS = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
-REPLY = " ".join(f"w{i}" for i in range(60))
 OUTAGE_S = 6.0
 
 
@@ -69,11 +63,7 @@ class HeldProducer:
 
 async def test_a_retry_after_an_outage_waits_for_the_held_appends_and_numbers_each_token_once(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker_module, "ACK_TIMEOUT_S", 1.0, raising=False)
-    monkeypatch.setattr(worker_module, "PRODUCER_RENEW_GAP_S", 0.0, raising=False)
-    worker = GenerationWorker(settings, Limits("large", "fake", max_model_len=512),
-                              FakeEngine(reply=REPLY, step_delay=0.05), capacity=4, worker_id="held",
-                              plans=PLANS)  # type: ignore[arg-type]
+    worker = quick_renewing_worker(settings, monkeypatch, "held", ack_timeout_s=1.0)
     held: HeldProducer | None = None
     real_make = worker_module.make_producer
 

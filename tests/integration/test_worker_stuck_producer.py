@@ -10,17 +10,9 @@ from typing import Any
 
 import pytest
 
-from consumers.generation import worker as worker_module
-from consumers.generation.decisions import Limits
-from consumers.generation.worker import GenerationWorker
-from infra.config.plans import Plan
 from infra.config.settings import Settings
 from schemas import GenerationFinished, TokensAppended
-from tests.fakes import FakeEngine
-from tests.integration.worker_requests import one_reply, streamed
-
-PLANS = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
-REPLY = " ".join(f"w{i}" for i in range(60))
+from tests.integration.worker_requests import one_reply, quick_renewing_worker, streamed
 
 
 class StuckProducer:
@@ -45,11 +37,7 @@ class StuckProducer:
 
 async def test_a_reply_whose_producer_gets_no_acks_is_served_again_through_a_new_one(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker_module, "ACK_TIMEOUT_S", 2.0, raising=False)
-    monkeypatch.setattr(worker_module, "PRODUCER_RENEW_GAP_S", 0.0, raising=False)
-    worker = GenerationWorker(settings, Limits("large", "fake", max_model_len=512),
-                              FakeEngine(reply=REPLY, step_delay=0.05), capacity=4, worker_id="stuck",
-                              plans=PLANS)  # type: ignore[arg-type]
+    worker = quick_renewing_worker(settings, monkeypatch, "stuck", ack_timeout_s=2.0)
     stuck: StuckProducer | None = None
 
     def during(events: list[Any], start: object) -> None:

@@ -8,7 +8,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from consumers.generation import worker as worker_module
+from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
+from infra.config.plans import Plan
 from infra.config.settings import Settings
 from schemas import GenerationFinished, GenerationRequested, TokensAppended, decode, new_id
 from topics import Topics
@@ -71,3 +74,20 @@ async def one_reply(settings: Settings, worker: GenerationWorker, max_tokens: in
         await producer.stop()
         await reader.stop()
     return events
+
+
+PLANS = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
+REPLY = " ".join(f"w{i}" for i in range(60))
+
+
+def quick_renewing_worker(settings: Settings, monkeypatch: Any, worker_id: str,
+                          ack_timeout_s: float) -> GenerationWorker:
+    """A worker on the fake engine (60 words, 50 ms a step) whose acks time out after ``ack_timeout_s`` and
+    whose producer may be renewed at once: the producer-fault tests' worker."""
+    from tests.fakes import FakeEngine
+
+    monkeypatch.setattr(worker_module, "ACK_TIMEOUT_S", ack_timeout_s, raising=False)
+    monkeypatch.setattr(worker_module, "PRODUCER_RENEW_GAP_S", 0.0, raising=False)
+    return GenerationWorker(settings, Limits("large", "fake", max_model_len=512),
+                            FakeEngine(reply=REPLY, step_delay=0.05), capacity=4, worker_id=worker_id,
+                            plans=PLANS)  # type: ignore[arg-type]
