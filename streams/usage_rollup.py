@@ -14,10 +14,11 @@ worker, whichever users' partitions fed it. A record is re-keyed once, when the
 ledger first counts it.
 
 A reconciler (``Reconciler``, every 30 s) reads this instance's ``usage`` partitions again over the time
-since its last pass and counts any record the ledger lacks: faust's agent was once never handed a record
-published while the restarted rollup rejoined its group (the fault suite's stages SIGKILL: a day row held 1
-reply of 2), and a ledger cannot count what it is not given. The agent and the reconciler count one record
-at a time (a lock), so neither rewrites a day row from an older sum than the other's.
+since its last pass and counts any record the ledger lacks. faust's table recovery once committed records
+the agent was never handed (the fault suite's stages SIGKILL: a day row held 1 reply of 2); ``streams.app``
+now fixes that order and refuses to commit past a hole, and the reconciler stays as the day count's second
+line. The agent and the reconciler count one record at a time (a lock), so neither rewrites a day row from
+an older sum than the other's.
 """
 from __future__ import annotations
 
