@@ -83,9 +83,12 @@ class Reconciler:
                         continue
                     if await self.count(record):
                         counted += 1
-                        log.warning("generation %s usage for user %s day %s was not handed to the rollup "
-                                    "(partition %d offset %d); counted by the reconciler", record.generation_id,
-                                    record.user_id, record.day, tp.partition, rec.offset)
+                        # Either the agent was never handed it, or it is still on its way to the agent (held
+                        # up by a store stall, say): the agent then finds it counted and rewrites the same day.
+                        log.warning("generation %s usage for user %s day %s was not in the ledger %.0f s after it "
+                                    "was published (partition %d offset %d); counted by the reconciler",
+                                    record.generation_id, record.user_id, record.day,
+                                    now - rec.timestamp / 1000, tp.partition, rec.offset)
         finally:
             await reader.close()
         self.began = now
