@@ -548,6 +548,10 @@ class GenerationWorker:
         event = msgspec.structs.replace(event, epoch=self.fence.epoch(event.generation_id))
         if event.purpose == "reply" and event.status == "failed":
             await self.quota.release(event.generation_id, "worker")  # costs nothing; the slot is free at once
+        elif event.purpose == "reply":
+            # Before anyone sees its end: a client that sends the next request once this one ends must find
+            # the slot free (an OpenAI client asking n=2 twice in a row was refused 429 while settlement lagged).
+            await self.quota.free_slot(event.user_id, event.generation_id)
         try:
             event = await self._seal(event)
         except KeyGone:

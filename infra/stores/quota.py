@@ -126,6 +126,13 @@ class Quota:
                   plan.bucket_tokens_per_minute / 60, *[x for kv in detail.items() for x in kv]])
         return None if reply is None else settled_from(_pairs(reply))
 
+    async def free_slot(self, user_id: str, generation_id: str) -> None:
+        """The generation no longer runs (its worker is publishing its finish): its running slot is free now,
+        not when settlement gets to it, so a client that waits for one reply before asking the next is never
+        refused for replies it is no longer waiting on. Its tokens stay reserved until settlement charges
+        them; settlement's own removal of the slot finds it gone, which is the same end state."""
+        await self.redis.zrem(keys.quota_running(user_id), generation_id)
+
     async def release(self, generation_id: str, reason: str, *, user_id: str = "", plan: str = "",
                       now: float | None = None) -> int | None:
         """Give a generation's whole reservation back and free its slot, charging 0, exactly once: the tokens

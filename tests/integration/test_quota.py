@@ -232,3 +232,20 @@ async def _usage_records(settings: Settings, at_least: int) -> list[UsageRecorde
     finally:
         await consumer.stop()
     return found
+
+
+async def test_a_finished_reply_frees_its_slot_before_settlement_and_settles_once(redis_client) -> None:  # type: ignore[no-untyped-def]
+    q, user = quota(redis_client, plan(max_running=2)), uid()
+    first, second, third = uid(), uid(), uid()
+    await admitted(q, user, first, 10)
+    await admitted(q, user, second, 10)
+    assert isinstance(await q.reserve(user, "free", third, 10), Refusal)  # two running: the cap
+    await q.free_slot(user, first)  # its worker is publishing its finish
+    await admitted(q, user, third, 10)  # a sequential client's next request is not refused
+    reserved = (await q.snapshot(user, "free"))["reserved"]
+    assert reserved > 0  # the tokens stay reserved until settlement charges them
+    settled = await q.settle(first, 10, 5)
+    assert settled is not None and settled.charged == 15
+    assert await q.settle(first, 10, 5) is None  # once
+    snap = await q.snapshot(user, "free")
+    assert snap["running"] == 2 and snap["used"] == 15  # second and third; first charged once
