@@ -94,7 +94,7 @@ class SeekFirstRecovery(Recovery):
     to their committed offsets. Records fetched meanwhile move the consumer's read offset past what the seek
     then sets, the next record looks like a hole in the partition, and faust counts the hole as acknowledged:
     its offsets are committed unhandled. A faust app with a table lost whole runs of records that way across
-    restarts (35 of a partition's offsets at a time, in a run of SIGKILLed restarts with records arriving).
+    restarts (27 to 90 of a partition's offsets at a time, in runs of SIGKILLed restarts with records arriving).
     Here the partitions are sought while still paused, then resumed; the rest is faust's own order."""
 
     async def on_recovery_completed(self, generation_id: int = 0) -> None:
