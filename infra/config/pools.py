@@ -31,6 +31,7 @@ ENV_FIELDS = {
     "SCHEDULING_POLICY": "scheduling_policy",
     "DTYPE": "dtype",
     "METRICS_PORT": "metrics_port",
+    "ENGINE": "engine",
 }
 
 
@@ -42,6 +43,31 @@ class UnknownPoolError(PoolConfigError, LookupError):
     def __init__(self, name: str, valid: list[str], source: str) -> None:
         self.name, self.valid = name, valid
         super().__init__(f"unknown pool {name!r}; valid pools: {', '.join(valid)} (from {source})")
+
+
+class SimConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The simulated engine's replica (``engine = "sim"``), in the capacity model's terms (``parley capacity``).
+
+    A decode step reads the weights once plus the KV cache of every sequence in the batch at the memory
+    bandwidth (18 ms alone, 36 ms at 183 sequences of 2,500 tokens with these defaults); prefill costs
+    ``prefill_s_per_1k`` per 1,000 tokens on top of the step it rides in.
+    """
+
+    weights_gb: float = 140.0
+    hbm_tb_per_s: float = 8.0
+    kv_kb_per_token: float = 320.0  # binary KB, as the capacity model
+    free_gb: float = 150.0  # memory for the KV cache: 150 GB / 320 KiB = 457,763 tokens
+    block_size: int = 16
+    prefill_s_per_1k: float = 0.14
+    prefill_chunk: int = 256  # prompt tokens per sequence per step; 0: a whole prompt in one step
+    prefill: Literal["mixed", "disaggregated"] = "mixed"  # disaggregated: a prefill replica hands over the KV
+    transfer_gb_per_s: float = 50.0  # the hand-over's network, disaggregated only
+    reply_tokens: int = 640  # mean reply length when the request's max_tokens allows it
+    seed: int = 0
+
+    @property
+    def cache_tokens(self) -> int:
+        return int(self.free_gb * 1e9 / (self.kv_kb_per_token * 1024))
 
 
 class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -59,6 +85,8 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     dtype: str = "bfloat16"
     description: str = ""
     metrics_port: int = 0  # the worker's fixed /metrics port (0: any free one); one worker per pool per host
+    engine: Literal["vllm", "sim"] = "vllm"  # sim: the simulated engine, for load tests and capacity planning
+    sim: SimConfig = SimConfig()  # read only when engine = "sim"
 
     @property
     def model_path(self) -> Path:
@@ -156,12 +184,17 @@ def _build(name: str, merged: dict[str, Any], settings: Settings, path: Path, on
                               ) from exc
     if pool.max_num_seqs < 1 or pool.max_model_len < 1 or pool.kv_cache_gib <= 0:
         raise PoolConfigError(f"pool {name!r}: max_num_seqs, max_model_len and kv_cache_gib must be positive")
+    sim = pool.sim
+    if min(sim.weights_gb, sim.hbm_tb_per_s, sim.kv_kb_per_token, sim.free_gb, sim.transfer_gb_per_s) <= 0 \
+            or sim.block_size < 1 or sim.prefill_chunk < 0 or sim.reply_tokens < 1 or sim.prefill_s_per_1k < 0:
+        raise PoolConfigError(f"pool {name!r}: [pools.{name}.sim] values must be positive")
     return pool
 
 
 __all__ = [
     "PoolConfig",
     "PoolConfigError",
+    "SimConfig",
     "UnknownPoolError",
     "load_pool",
     "load_pools",
