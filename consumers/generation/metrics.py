@@ -64,6 +64,7 @@ class WorkerMetrics:
         for lane in LANES:  # exported at 0 from the start, so the first request's increase is seen by rate()
             self.queue_time.labels(pool=pool, lane=lane)
             self.lane_tokens.labels(pool=pool, lane=lane)
+        self._sim: dict[str, Gauge] = {}
         self._usd_per_s = gpu_hour_usd * gpus / 3600
         self._busy_since: float | None = None
         self.prompt_tokens = 0
@@ -96,6 +97,15 @@ class WorkerMetrics:
         if self._busy_since is not None:
             self._add_busy(now - self._busy_since)
             self._busy_since = now
+
+    def simulated(self, stats: dict[str, float]) -> None:
+        """The simulated engine's own accounts (its CPU apart from the worker's, its lag behind schedule)."""
+        for name, value in stats.items():
+            gauge = self._sim.get(name)
+            if gauge is None:
+                gauge = self._sim[name] = Gauge(f"parley_worker_sim_{name}", f"simulated engine: {name}", ["pool"],
+                                                registry=self.registry).labels(pool=self.pool)
+            gauge.set(value)
 
     def _add_busy(self, seconds: float) -> None:
         self.busy.inc(seconds)

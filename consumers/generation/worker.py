@@ -614,6 +614,9 @@ class GenerationWorker:
             self.metrics.running.set(stats.get("running", len(self.active)))
             self.metrics.waiting.set(stats.get("waiting", 0))
             self.metrics.kv_usage.set(stats.get("kv_cache_usage", 0.0))
+            sim_stats = getattr(self.engine, "sim_stats", None)
+            if sim_stats is not None:
+                self.metrics.simulated(sim_stats())
             self.metrics.flush_busy()
             await asyncio.sleep(1.0)
 

@@ -1,4 +1,4 @@
-"""``parley worker --pool NAME``: one generation worker (one vLLM engine, one replica of the pool)."""
+"""``parley worker --pool NAME``: one generation worker (one engine, vLLM or simulated, one replica of the pool)."""
 from __future__ import annotations
 
 import argparse
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> None:
     from consumers.generation.engine import VllmEngine
+    from consumers.generation.sim_engine import SimEngine
     from consumers.safety.classifier import EmbeddedClassifier
     from infra.config.safety import RulesFile
     from infra.stores.sealing import configured
@@ -37,7 +38,7 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
 
     classifier = EmbeddedClassifier(RulesFile(settings.safety_file))  # before the engine: a bad rules file fails fast
     cluster, session = connect(settings)  # the data keys: prompts arrive sealed, tokens leave sealed
-    engine = VllmEngine(pool)  # type: ignore[arg-type]
+    engine = SimEngine.for_pool(pool) if pool.engine == "sim" else VllmEngine(pool)  # type: ignore[attr-defined,arg-type]
     limits = Limits(pool.name, pool.served_model_name, pool.max_model_len)  # type: ignore[attr-defined]
     worker = GenerationWorker(settings, limits, engine, args.capacity or pool.max_num_seqs,  # type: ignore[attr-defined]
                               metrics_port=pool.metrics_port if args.metrics_port is None  # type: ignore[attr-defined]

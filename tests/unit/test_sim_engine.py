@@ -1,0 +1,109 @@
+"""The simulated engine's transport: the worker's Engine contract over SimCore, on a word tokenizer."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from consumers.generation.engine import RequestRejected, StepOutput
+from consumers.generation.sampling import Sampling
+from consumers.generation.sim_engine import SimEngine
+from infra.config.pools import PoolConfig, SimConfig
+from schemas.sampling import ResponseFormat
+from tests.fakes import FakeTokenizer
+
+
+def engine(**sim: object) -> SimEngine:
+    fast = {"weights_gb": 0.08, "reply_tokens": 40, **sim}  # a 10 µs step: the test waits on logic, not time
+    pool = PoolConfig(name="sim", model_dir="/nowhere", uses_default_model=False, served_model_name="sim-model",
+                      max_num_seqs=8, max_model_len=512, max_num_batched_tokens=512, engine="sim",
+                      sim=SimConfig(**fast))  # type: ignore[arg-type]
+    return SimEngine(pool, FakeTokenizer())
+
+
+async def collect(e: SimEngine, rid: str, prompt: list[int], max_tokens: int = 200,
+                  sampling: Sampling = Sampling()) -> list[StepOutput]:
+    return [out async for out in e.generate(rid, prompt, max_tokens, 0, sampling)]
+
+
+async def test_deltas_join_to_a_deterministic_reply_of_about_reply_tokens() -> None:
+    e = engine()
+    prompt = e.apply_chat_template([{"role": "user", "content": "tell me about the river"}])
+    first, again = await collect(e, "a", prompt), await collect(e, "b", prompt)
+    ids = [t for out in first for t in out.token_ids]
+    assert 20 <= len(ids) <= 60
+    assert "".join(o.text for o in first) == e.tokenizer.decode(ids)
+    assert [o.text for o in again] == [o.text for o in first]  # same prompt, same reply
+    assert first[-1].finished and first[-1].finish_reason == "stop" and not any(o.finished for o in first[:-1])
+    assert first[-1].prompt_tokens == len(prompt)
+    seeded = await collect(e, "c", prompt, sampling=Sampling(seed=1))
+    assert "".join(o.text for o in seeded) != "".join(o.text for o in first)
+    await e.close()
+
+
+async def test_max_tokens_caps_the_reply_with_length_and_the_second_turn_hits_the_cache() -> None:
+    e = engine(block_size=4)
+    prompt = list(e.tokenizer.encode(" one two three four five six seven eight nine ten eleven twelve"))
+    outs = await collect(e, "a", prompt, max_tokens=5)
+    assert sum(len(o.token_ids) for o in outs) == 5 and outs[-1].finish_reason == "length"
+    follow_up = prompt + [t for o in outs for t in o.token_ids] + prompt[:3]
+    second = await collect(e, "b", follow_up, max_tokens=3)
+    assert second[-1].cached_prompt_tokens == (len(prompt) + 5 - 1) // 4 * 4
+    await e.close()
+
+
+async def test_abort_ends_the_stream_within_a_step_and_the_engine_goes_idle() -> None:
+    e = engine(weights_gb=40.0)  # a 5 ms step, so the abort lands mid-reply
+    outs: list[StepOutput] = []
+    async for out in e.generate("a", [1, 2, 3], 400, 0, Sampling(ignore_eos=True)):
+        outs.append(out)
+        if len(outs) == 3:
+            await e.abort("a")
+    assert outs[-1].finish_reason == "abort" and outs[-1].token_ids == ()
+    assert len(outs) <= 5
+    assert e.core.idle and e.stats()["running"] == 0 and e.core.kv_usage == 0
+    await e.close()
+
+
+async def test_a_consumer_that_walks_away_frees_its_sequence() -> None:
+    e = engine(weights_gb=40.0)
+    stream = e.generate("a", [1, 2, 3], 400, 0, Sampling(ignore_eos=True))
+    await anext(stream)
+    await stream.aclose()
+    for _ in range(50):
+        if e.core.idle:
+            break
+        await asyncio.sleep(0.01)
+    assert e.core.idle
+    await e.close()
+
+
+async def test_requests_that_cannot_fit_are_rejected_not_fatal() -> None:
+    e = engine()
+    with pytest.raises(RequestRejected):
+        await collect(e, "a", list(range(600)))
+    assert len(await collect(e, "b", [1, 2])) > 1
+    await e.close()
+
+
+async def test_ignore_eos_min_tokens_logprobs_and_json_are_honoured() -> None:
+    e = engine()
+    outs = await collect(e, "a", [5], max_tokens=90, sampling=Sampling(ignore_eos=True, logprobs=2))
+    assert sum(len(o.token_ids) for o in outs) == 90 and outs[-1].finish_reason == "length"
+    lp = outs[0].logprobs
+    assert lp is not None and len(lp) == 1 and lp[0].token == outs[0].text and len(lp[0].top) == 2
+    longer = await collect(e, "b", [6], max_tokens=300, sampling=Sampling(min_tokens=150))
+    assert sum(len(o.token_ids) for o in longer) >= 150
+    js = await collect(e, "c", [7], sampling=Sampling(response_format=ResponseFormat(type="json_object")))
+    assert set(json.loads("".join(o.text for o in js))) == {"text"}
+    await e.close()
+
+
+async def test_its_own_cpu_and_steps_are_counted_apart() -> None:
+    e = engine()
+    await asyncio.gather(*(collect(e, f"r{i}", [i, i + 1]) for i in range(8)))
+    stats = e.sim_stats()
+    assert stats["tokens"] > 8 * 19 and stats["steps"] >= 20 and stats["cpu_seconds"] > 0
+    assert stats["virtual_seconds"] > 0
+    await e.close()
