@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capacity": ("infra.planning.capacity", "the seed's capacity model, with your own inputs"),
     "lab": ("infra.planning.lab.cli", "the batching lab: simulate one replica and the fleet spike"),
     "report": ("infra.local.report", "a PNG of the last minutes from Prometheus: TTFT, tokens/s, queue, KV use"),
+    "loadtest": ("infra.local.loadtest_cli", "play the seeds' traffic over HTTP/SSE and measure it (--scenario: sim)"),
     "billing": ("streams.billing", "`parley billing replay --since ISO [--until ISO]`: audit usage against the stores"),
 }
 

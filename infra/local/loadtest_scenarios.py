@@ -1,0 +1,116 @@
+"""The load tests of issue 24, each bounded in time: which private service to start and what load to play.
+
+A scenario is a list of steps; consecutive steps with the same service share one start. A stepped scenario
+(``stages``, ``gateway``) raises the rate until a step is not sustained (``sustained``) and names the process
+that saturated first. Rates are the seeds' scaled to this machine; ``rate_scale`` and ``duration_s`` shrink a
+scenario further (the CI smoke run).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from infra.local.loadtest_service import ServiceSpec, SimPool
+from producers.loadgen.arrivals import Phase
+from producers.loadgen.run import Load
+
+# The small pool: a model about four times faster (the seeds), for titles and the free lane's overflow.
+SMALL = SimPool(workers=1, max_num_seqs=64, sim={"weights_gb": 35.0, "kv_kb_per_token": 80.0})
+REPLICA = SimPool(workers=1, max_num_seqs=183)
+
+
+@dataclass(frozen=True)
+class Step:
+    label: str
+    service: ServiceSpec
+    load: Load
+    stepped: bool = False  # part of a ramp: stop the ramp at the first step not sustained
+
+
+@dataclass(frozen=True)
+class Knobs:
+    duration_s: float | None = None  # each phase at most this long
+    rate_scale: float = 1.0
+    seed: int = 0
+
+
+def _shape(load: Load, knobs: Knobs) -> Load:
+    phases = tuple(Phase(min(p.seconds, knobs.duration_s or p.seconds), p.rate * knobs.rate_scale)
+                   for p in load.phases)
+    return replace(load, phases=phases, seed=knobs.seed)
+
+
+def replica(knobs: Knobs) -> list[Step]:
+    """One sim replica (183 sequences, ~5,000 tok/s) at ~4 requests a second: a replica's share of 50 req/s."""
+    service = ServiceSpec({"large": REPLICA, "small": SMALL})
+    return [Step("4 req/s", service, _shape(Load((Phase(60, 4.0),), drain_s=90), knobs))]
+
+
+def stages(knobs: Knobs) -> list[Step]:
+    """Short replies on ample sim capacity, so the request path (admission -> persistence) is what is loaded."""
+    service = ServiceSpec({"large": SimPool(workers=1, max_num_seqs=1000, sim={"reply_tokens": 32}), "small": SMALL})
+    return [Step(f"{rate:g} req/s", service, _shape(Load((Phase(20, rate),), max_tokens=32, max_turns=2,
+                                                         message_tokens=100, drain_s=30), knobs), stepped=True)
+            for rate in (2, 4, 6, 8, 12, 16)]
+
+
+def gateway(knobs: Knobs) -> list[Step]:
+    """Long replies, short one-turn prompts: SSE events a second through one gateway, raised until it stalls."""
+    service = ServiceSpec({"large": SimPool(workers=1, max_num_seqs=600), "small": SMALL})
+    return [Step(f"{rate:g} req/s", service, _shape(Load((Phase(30, rate),), max_turns=1, message_tokens=50,
+                                                         drain_s=60), knobs), stepped=True)
+            for rate in (2, 4, 6, 8, 12)]
+
+
+SPIKE_SEQS = 120  # one replica at a tenth of the seeds' 50 req/s: ~5 req/s at ~640 tokens and ~36 ms a step
+
+
+def spike(knobs: Knobs) -> list[Step]:
+    """The seeds' 35 -> 70 req/s for a minute at a tenth: 3.5 -> 7 req/s on a replica serving ~5."""
+    service = ServiceSpec({"large": SimPool(workers=1, max_num_seqs=SPIKE_SEQS), "small": SMALL})
+    load = Load((Phase(20, 3.5), Phase(60, 7.0), Phase(20, 3.5)), drain_s=90)
+    return [Step("3.5 -> 7 -> 3.5 req/s", service, _shape(load, knobs))]
+
+
+def spike_prediction(peak: float, served: float, seconds: float) -> dict[str, float]:
+    """The capacity model's queue: (peak - served) x seconds waiting; the last waits that over ``served``."""
+    waiting = max(peak - served, 0.0) * seconds
+    return {"served_per_s": served, "waiting": round(waiting, 1), "last_wait_s": round(waiting / served, 1)}
+
+
+def prefill(knobs: Knobs) -> list[Step]:
+    """1,000-token prompts arriving on running streams: prefill unchunked, chunked at 256, disaggregated."""
+    load = _shape(Load((Phase(40, 2.0),), max_turns=1, message_tokens=1000, drain_s=60), knobs)
+    variants: list[tuple[str, dict[str, Any]]] = [("unchunked", {"prefill_chunk": 0}),
+                                                 ("chunked 256", {"prefill_chunk": 256}),
+                                                 ("disaggregated", {"prefill": "disaggregated"})]
+    return [Step(label, ServiceSpec({"large": SimPool(workers=1, max_num_seqs=183, sim=sim), "small": SMALL}), load)
+            for label, sim in variants]
+
+
+SCENARIOS: dict[str, Callable[[Knobs], list[Step]]] = {
+    "replica": replica, "stages": stages, "gateway": gateway, "spike": spike, "prefill": prefill}
+
+
+PIPELINE_GROUPS = ("admission", "prompt", "scheduler", "settlement", "persistence")
+
+
+def sustained(report: dict[str, Any], ttft_limit_ms: float = 5000.0) -> bool:
+    """Did the service keep up with this step: nearly all arrivals completed at the offered rate, first tokens
+    within ``ttft_limit_ms`` at the median, and no lag left standing at the end in the groups from admission
+    to persistence."""
+    req = report["requests"]
+    if not req["sent"] or (req["completed"] / req["sent"]) < 0.95:
+        return False
+    if (report["client"]["ttft_ms"].get("p50") or 0.0) > ttft_limit_ms:
+        return False
+    offered = report["throughput"]["offered_per_s"] or 0.0
+    stuck = sum(v["last"] for k, v in report["lag"].items() if k in PIPELINE_GROUPS)
+    return stuck <= max(10.0, offered * 2)
+
+
+def busiest(report: dict[str, Any]) -> str | None:
+    """The service process that used the most cores during the step (the one closest to saturating)."""
+    rows = {n: r for n, r in report["cpu"]["processes"].items() if n != "loadgen"}
+    return max(rows, key=lambda n: rows[n]["cores"] or 0.0) if rows else None

@@ -1,0 +1,89 @@
+"""Where a request's time to first token went, hop by hop, from the events' own timestamps.
+
+A tap (a consumer with no group, every partition, from the end) on the topics between the gateway and the
+worker keeps, per generation, when each event was made: ``MessageSubmitted`` (gateway), ``RequestAdmitted``
+(admission), ``PromptBuilt`` (prompt build), ``GenerationRequested`` (scheduler), and from
+``GenerationFinished`` the worker's pick-up and first token. With the client's send and first delta these
+make the hops below; each process stamps with its own clock, which here is one machine's.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Iterable
+
+from aiokafka import TopicPartition
+
+from producers.loadgen.record import RequestRecord
+from schemas import (
+    EventDecodeError,
+    GenerationFinished,
+    GenerationRequested,
+    MessageSubmitted,
+    PromptBuilt,
+    RequestAdmitted,
+    decode,
+)
+from schemas.scheduler import LANES
+from topics import Topics
+from topics.clients import make_consumer, topic_partitions
+
+HOPS = ("gateway", "admission", "prompt", "scheduler", "queue", "engine_first_token", "delivery")
+MARKS = (MessageSubmitted, RequestAdmitted, PromptBuilt, GenerationRequested)
+
+
+def hop_times(record: RequestRecord, marks: dict[str, float]) -> dict[str, float] | None:
+    """Each hop's seconds for one request, or None when an event is missing (refused, not seen)."""
+    need = [m.__name__ for m in MARKS] + ["started_at", "first_token_at"]
+    if not record.deltas or any(not marks.get(k) for k in need):
+        return None
+    points = [record.sent, *(marks[k] for k in need), record.deltas[0]]
+    return dict(zip(HOPS, (b - a for a, b in itertools.pairwise(points)), strict=True))
+
+
+class HopTap:
+    def __init__(self, bootstrap: str, prefix: str, pools: Iterable[str]) -> None:
+        names = Topics(prefix)
+        self.topics = [names.requests, names.admitted, names.prompts, names.replies,
+                       *(names.generate(p, lane) for p in pools for lane in LANES)]
+        self.consumer = make_consumer(bootstrap, group_id=None, fetch_max_wait_ms=100)
+        self.marks: dict[str, dict[str, float]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        tps = []
+        for topic in self.topics:
+            tps += [TopicPartition(topic, p) for p in sorted(await topic_partitions(self.consumer, topic))]
+        self.consumer.assign(tps)
+        await self.consumer.seek_to_end(*tps)
+        for tp in tps:  # resolve the end now, so nothing produced after start() is skipped
+            await self.consumer.position(tp)
+        self._task = asyncio.create_task(self._run(), name="hop-tap")
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self.consumer.getmany(timeout_ms=200, max_records=2000)
+            for records in batch.values():
+                for r in records:
+                    self._keep(r.value)
+
+    def _keep(self, raw: bytes) -> None:
+        try:
+            event = decode(raw)
+        except EventDecodeError:
+            return
+        gid = getattr(event, "generation_id", "")
+        marks = self.marks.setdefault(gid, {})
+        if isinstance(event, GenerationFinished):
+            marks.update(started_at=event.started_at, first_token_at=event.first_token_at, finished=event.at)
+        elif isinstance(event, MARKS):
+            marks.setdefault(type(event).__name__, event.at)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.consumer.stop()

@@ -1,0 +1,43 @@
+"""Figures from a process's Prometheus ``/metrics``: the worker's engine (sequences running and waiting, KV
+use, prefix hits, tokens) and the stages' consumer lag. Parsing is pure; ``fetch`` is the only I/O."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[str, float]  # 'name{label="v",...}' or 'name' -> value
+
+
+def parse(text: str, names: Iterable[str]) -> Samples:
+    """The samples of the metric families named (their full sample names), labels folded into the key."""
+    wanted, out = set(names), {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in wanted or family.name in wanted:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "pool")
+                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def total(samples: Samples, name: str) -> float:
+    """The sum of every sample of ``name`` whatever its labels."""
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+async def fetch(http: httpx.AsyncClient, url: str, names: Iterable[str]) -> Samples:
+    try:
+        r = await http.get(url, timeout=3.0)
+        r.raise_for_status()
+    except httpx.HTTPError:
+        return {}
+    return parse(r.text, names)
+
+
+ENGINE = ("parley_worker_running_sequences", "parley_worker_waiting_sequences", "parley_worker_kv_cache_usage_ratio",
+          "parley_worker_prefix_cache_hit_ratio", "parley_worker_tokens_total", "parley_worker_prompt_tokens_total",
+          "parley_worker_cached_prompt_tokens_total", "parley_worker_busy_seconds_total",
+          "parley_worker_replies_total", "parley_worker_ttft_seconds_sum", "parley_worker_ttft_seconds_count",
+          "parley_worker_inter_token_seconds_sum", "parley_worker_inter_token_seconds_count")
+STAGES = ("parley_kafka_consumer_lag_records",)
