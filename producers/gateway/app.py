@@ -5,7 +5,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from cassandra import DriverException, RequestValidationException
 from cassandra.cluster import NoHostAvailable
 from fastapi import FastAPI, Request
@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infra.config.settings import Settings
 from producers.gateway import openai_compat
-from producers.gateway.errors import ApiError, from_framework, unavailable
+from producers.gateway.errors import ApiError, from_framework, too_large, unavailable
 from producers.gateway.state import Gateway
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KafkaError)
     async def kafka_down(request: Request, exc: KafkaError) -> JSONResponse:
         return await backend(request, "Kafka", exc)
+
+    @app.exception_handler(MessageSizeTooLargeError)
+    async def kafka_too_large(request: Request, exc: MessageSizeTooLargeError) -> JSONResponse:
+        # Kafka itself refused the record as too large (a limit lower than the gateway's own check):
+        # the same request can never succeed, so no Retry-After.
+        log.warning("a request was too large for one Kafka record: %s", type(exc).__name__)
+        return _render(request, too_large("The request is too large for one Kafka record. Send a shorter "
+                                          "history or fewer messages."))
 
     @app.exception_handler(NoHostAvailable)
     async def cassandra_down(request: Request, exc: NoHostAvailable) -> JSONResponse:

@@ -40,6 +40,11 @@ def unavailable(backend: str) -> ApiError:
                                                 "Try again in a few seconds.", retry_after=5)
 
 
+def too_large(message: str) -> ApiError:
+    """A request bigger than Kafka takes in one record: no retry can succeed, so never a 503."""
+    return ApiError(413, "request_too_large", message)
+
+
 class ErrorDetail(BaseModel):
     code: str
     message: str
@@ -54,7 +59,8 @@ class ErrorBody(BaseModel):
 
 WHY = {400: "bad request (a cursor or body this API cannot read)", 401: "no or bad token", 403: "not allowed here",
        404: "missing, or someone else's", 409: "client_message_id already used with other content",
-       413: "message too long", 422: "invalid input", 429: "quota; see Retry-After",
+       413: "message too long, or the whole request too large for one Kafka record", 422: "invalid input",
+       429: "quota; see Retry-After",
        503: "overloaded or a backend unreachable; see Retry-After"}
 
 

@@ -167,12 +167,7 @@ def _bool(value: Any, param: str) -> bool:
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    value = body.get(param)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise invalid(f"'{param}' must be a whole number of at least 1.", param)
-    return value
+    return sampling_params.reply_cap(body, param)
 
 
 def _include_usage(options: Any, stream: bool) -> bool:
@@ -283,6 +278,8 @@ def error_json(err: ApiError) -> tuple[int, dict[str, Any]]:
         return err.status, _error(err.message, err.type, err.param, err.code or None)
     if err.status == 401:
         return 401, _error(err.message, "invalid_request_error", None, "invalid_api_key")
+    if err.status == 413 and err.code == "request_too_large":
+        return 413, _error(err.message, "invalid_request_error", "messages", "request_too_large")
     if err.status == 413:
         return 400, _error(err.message, "invalid_request_error", "messages", "context_length_exceeded")
     if err.status == 429:

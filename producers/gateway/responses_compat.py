@@ -89,12 +89,16 @@ def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_c
     previous = body.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or generation_of(previous) is None):
         raise invalid("'previous_response_id' must be an id this API returned (resp_...).", "previous_response_id")
-    max_output = sampling_params.positive_int(body, "max_output_tokens")
+    max_output = sampling_params.reply_cap(body, "max_output_tokens")
     fields = {k: body[k] for k in ("temperature", "top_p") if k in body}
     if body.get("top_logprobs"):
         fields.update(logprobs=True, top_logprobs=body["top_logprobs"])
     fields["response_format"] = _format(body.get("text"))
-    sampled = sampling_params.parse(fields, max_output)
+    try:
+        sampled = sampling_params.parse(fields, max_output)
+    except CompatError as exc:  # the chat checks name "response_format"; here the field is "text.format"
+        raise CompatError(exc.status, exc.code, exc.message.replace("response_format.json_schema.", "text.format."),
+                          _format_param(exc.param)) from exc
     metadata = body.get("metadata") or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise invalid("'metadata' must be an object of strings.", "metadata")
@@ -130,6 +134,12 @@ def _format(text: Any) -> dict[str, Any] | None:
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         return {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
     return fmt
+
+
+def _format_param(param: str | None) -> str | None:
+    if param is None or not param.startswith("response_format"):
+        return param
+    return "text.format" + param.removeprefix("response_format").removeprefix(".json_schema")
 
 
 def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:

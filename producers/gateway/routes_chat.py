@@ -62,7 +62,7 @@ class SendMessage(BaseModel):
         """(max_tokens, sampling), or a 422 naming the parameter."""
         fields = self.model_dump(exclude={"content", "model", "client_message_id", "parent_id"}, exclude_none=True)
         try:
-            max_tokens = sampling_params.positive_int(fields, "max_tokens")
+            max_tokens = sampling_params.reply_cap(fields, "max_tokens")
             return max_tokens, sampling_params.parse(fields, max_tokens)
         except sampling_params.CompatError as exc:
             raise ApiError(422, "invalid_parameter", exc.message) from exc

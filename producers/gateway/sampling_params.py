@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from producers.gateway import schema_bounds
 from producers.gateway.errors import ApiError
 from schemas.sampling import ResponseFormat, Sampling
 
@@ -25,6 +26,8 @@ MAX_STOP_CHARS = 100
 MAX_TOP_LOGPROBS = 20  # the engine's max_logprobs
 MAX_N = 4  # each choice is its own generation, and counts against the plan's replies-at-once cap
 MAX_SCHEMA_CHARS = 16_000
+MAX_REPLY_TOKENS = 1 << 20  # far above any pool's window; the plan's reply cap applies below it
+MAX_SEED = (1 << 63) - 1  # the engine's seed is a signed 64-bit integer
 
 
 class CompatError(ApiError):
@@ -53,10 +56,10 @@ def parse(body: Mapping[str, Any], max_tokens: int | None = None) -> Parsed:
     logprobs = _bool(body, "logprobs")
     if top_logprobs and not logprobs:
         raise invalid("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs")
-    min_tokens = _int(body, "min_tokens", 0, max_tokens if max_tokens is not None else 1 << 20)
+    min_tokens = _int(body, "min_tokens", 0, max_tokens if max_tokens is not None else MAX_REPLY_TOKENS)
     fields = {
         "top_p": _number(body, "top_p", 0.0, 1.0, open_low=True), "top_k": _int(body, "top_k", -1, 1 << 20),
-        "min_p": _number(body, "min_p", 0.0, 1.0), "seed": _int(body, "seed", -(1 << 63), (1 << 63) - 1),
+        "min_p": _number(body, "min_p", 0.0, 1.0), "seed": _int(body, "seed", -MAX_SEED - 1, MAX_SEED),
         "stop": _stop(body.get("stop")),
         "presence_penalty": _number(body, "presence_penalty", -2.0, 2.0),
         "frequency_penalty": _number(body, "frequency_penalty", -2.0, 2.0),
@@ -69,13 +72,9 @@ def parse(body: Mapping[str, Any], max_tokens: int | None = None) -> Parsed:
     return Parsed(_number(body, "temperature", 0.0, 2.0), Sampling(**asked) if asked else None, n or 1)
 
 
-def positive_int(body: Mapping[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise invalid(f"'{name}' must be a whole number of at least 1.", name)
-    return value
+def reply_cap(body: Mapping[str, Any], name: str) -> int | None:
+    """A reply cap (``max_tokens`` and its aliases): a whole number from 1 to ``MAX_REPLY_TOKENS``."""
+    return _int(body, name, 1, MAX_REPLY_TOKENS)
 
 
 def for_choice(sampling: Sampling | None, index: int) -> Sampling | None:
@@ -91,10 +90,12 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float, open_lo
     value = body.get(name)
     if value is None:
         return None
-    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    # An int too large for a float (10**400) is out of range, not a crash in isfinite.
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        isinstance(value, float) and not math.isfinite(value))
     if bad or value > high or value < low or (open_low and value == low):
         side = f"greater than {low:g}" if open_low else f"at least {low:g}"
-        raise invalid(f"'{name}' must be a number {side} and at most {high:g}; got {value!r}.", name)
+        raise invalid(f"'{name}' must be a number {side} and at most {high:g}; got {_shown(value)}.", name)
     return float(value)
 
 
@@ -103,8 +104,14 @@ def _int(body: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise invalid(f"'{name}' must be a whole number from {low} to {high}; got {value!r}.", name)
+        raise invalid(f"'{name}' must be a whole number from {low} to {high}; got {_shown(value)}.", name)
     return value
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"a {len(str(value))}-digit number"
+    return text if len(text) <= 40 else text[:40] + "..."
+
 
 
 def _bool(body: Mapping[str, Any], name: str) -> bool:
@@ -140,6 +147,11 @@ def _response_format(value: Any) -> ResponseFormat | None:
     if not isinstance(schema, dict):
         raise invalid("'response_format.json_schema.schema' must be a JSON Schema object.",
                       "response_format.json_schema")
+    try:
+        schema_bounds.check(schema)  # before encoding: a schema nested past orjson's depth is refused here
+    except schema_bounds.SchemaTooCostly as exc:
+        param = ".".join(filter(None, ["response_format.json_schema.schema", exc.where]))
+        raise invalid(f"The JSON schema is too costly to compile: {exc}.", param, "schema_too_costly") from exc
     text = orjson.dumps(schema).decode()
     if len(text) > MAX_SCHEMA_CHARS:
         raise invalid(f"The JSON schema is {len(text):,} characters; the limit is {MAX_SCHEMA_CHARS:,}.",

@@ -23,15 +23,19 @@ import msgspec
 from aiokafka.errors import KafkaError
 
 from infra.stores.accounts import User
-from producers.gateway.errors import ApiError, unavailable
+from producers.gateway.errors import ApiError, too_large, unavailable
 from producers.gateway.metrics import ReplyWatch
 from producers.gateway.state import Gateway
-from schemas import CancelRequested, GenerationFinished, GenerationQueued, MessageSubmitted, RequestRefused
+from schemas import CancelRequested, GenerationFinished, GenerationQueued, MessageSubmitted, RequestRefused, encode
 from topics.clients import send
 
 log = logging.getLogger(__name__)
 Events = list[tuple[int, Any]]
 DEADLINE_GRACE_S = 1.0  # past the stages' deadline before the client hears 503: a late decision is never lost
+# Kafka takes a record of at most the producer's max_request_size (aiokafka's default, 1 MiB; the broker's
+# message.max.bytes is 12 bytes more). Admission's event carries the same text plus its decision, so the
+# request leaves it room.
+MAX_RECORD_BYTES = 1_048_576 - 16 * 1024
 
 
 class Refused(ApiError):
@@ -56,10 +60,11 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
     # The pipeline must decide (queue or refuse) by the deadline; the client is answered 503 a little later,
     # so a stage that finds the request past it knows nobody waits for it and drops it, charging nothing.
     request = msgspec.structs.replace(request, deadline=time.time() + gw.settings.admission_wait_s)
+    sealed = await gw.sealer.seal(request)
+    check_size(sealed, user.user_id)  # before anything is claimed: no retry of this request can succeed
     queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
     try:
         await gw.claim(generation_id, user.user_id, request.conversation_id)
-        sealed = await gw.sealer.seal(request)
         try:
             await asyncio.wait_for(send(gw.producer, gw.topics.requests, sealed, key=user.user_id),
                                    gw.settings.kafka_send_timeout_s)
@@ -95,6 +100,14 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
              extra={"generation_id": generation_id, "conversation_id": request.conversation_id,
                     "user_id": user.user_id, "plan": user.plan, "pool": request.pool})
     return Accepted(generation_id, queue, first, watch)
+
+
+def check_size(event: MessageSubmitted, key: str) -> None:
+    """413 for a request Kafka would refuse as too large (aiokafka's MessageSizeTooLargeError)."""
+    size = len(encode(event)) + len(key.encode())
+    if size > MAX_RECORD_BYTES:
+        raise too_large(f"The request is {size:,} bytes once encoded; the limit is {MAX_RECORD_BYTES:,}. "
+                        "Send a shorter history or fewer messages.")
 
 
 async def decision(gw: Gateway, queue: asyncio.Queue[tuple[int, Any]], wait_s: float) -> Events:
