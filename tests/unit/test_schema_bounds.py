@@ -140,3 +140,27 @@ def test_a_request_over_kafkas_record_limit_is_a_413_that_says_so() -> None:
     assert f"{MAX_RECORD_BYTES:,}" in caught.value.message
     status, body = openai_compat.error_json(caught.value)
     assert status == 413 and body["error"]["code"] == "request_too_large"
+
+
+def test_kafkas_own_size_refusal_is_413_never_503_with_retry_after() -> None:
+    from aiokafka.errors import MessageSizeTooLargeError
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from producers.gateway.app import install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/v1/chat/completions")
+    @app.post("/v1/conversations/c/messages")
+    async def produce() -> None:
+        raise MessageSizeTooLargeError("The message is 2000000 bytes when serialized")
+
+    client = TestClient(app)
+    openai = client.post("/v1/chat/completions")
+    assert openai.status_code == 413 and openai.json()["error"]["code"] == "request_too_large"
+    native = client.post("/v1/conversations/c/messages")
+    assert native.status_code == 413 and native.json()["error"]["code"] == "request_too_large"
+    assert "too large for one Kafka record" in native.json()["error"]["message"]
+    assert "retry-after" not in native.headers

@@ -1,0 +1,104 @@
+"""Costly or impossible requests against a real gateway (Kafka, Cassandra, Redis): each is a 4xx naming what
+was wrong, answered before Kafka or an engine sees it, never a 5xx or a reset connection (issue 30)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infra.config.settings import Settings
+from infra.stores.accounts import Accounts
+from infra.stores.session import AsyncSession
+from tests.integration.gateway_server import serve
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def gateway(settings: Settings, tmp_path: Path) -> Iterator[str]:
+    with serve(settings.with_(state_dir=tmp_path, admission_wait_s=1.0)) as url:
+        yield url
+
+
+@pytest.fixture
+async def headers(gateway: str, db: AsyncSession) -> dict[str, str]:
+    _, token = await Accounts(db).create_user("free")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def openai_error(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]  # type: ignore[no-any-return]
+
+
+def nested(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+async def test_numbers_out_of_range_are_400_naming_them_and_the_connection_keeps_serving(
+        gateway: str, headers: dict[str, str]) -> None:
+    async with httpx.AsyncClient(base_url=gateway, timeout=30, headers=headers) as http:
+        r = await http.post("/v1/responses", json={"model": "large", "input": "hi", "max_output_tokens": 1 << 64})
+        err = openai_error(r, 400)
+        assert err["param"] == "max_output_tokens" and "1048576" in err["message"]
+        for field, value in [("max_tokens", 1 << 64), ("max_completion_tokens", 1 << 70), ("n", 1 << 64),
+                             ("seed", 1 << 64), ("temperature", 10**400), ("top_p", -(1 << 64))]:
+            r = await http.post("/v1/chat/completions", json={"model": "large", "messages": USER, field: value})
+            assert openai_error(r, 400)["param"] == field
+        r = await http.post("/v1/responses", json={"model": "large", "input": "hi", "top_logprobs": 1 << 64})
+        assert openai_error(r, 400)["param"] == "top_logprobs"
+        r = await http.post("/v1/conversations", json={})
+        assert r.status_code == 201  # the same connection, still serving
+        r = await http.post(f"/v1/conversations/{r.json()['conversation_id']}/messages",
+                            json={"content": "hi", "max_tokens": 1 << 64})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_parameter"
+        assert "max_tokens" in r.json()["error"]["message"]
+
+
+async def test_costly_schemas_are_400_naming_the_field_in_milliseconds(gateway: str, headers: dict[str, str]) -> None:
+    async with httpx.AsyncClient(base_url=gateway, timeout=30, headers=headers) as http:
+        regex = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "string", "pattern": "^(a|aa){1,5000}b$"}}}
+        start = time.perf_counter()
+        r = await http.post("/v1/chat/completions", json={"model": "large", "messages": USER,
+                                                          "response_format": regex})
+        took = time.perf_counter() - start
+        err = openai_error(r, 400)
+        assert err["code"] == "schema_too_costly" and err["param"] == "response_format.json_schema.schema.pattern"
+        assert "5,000" in err["message"] and took < 1.0, took
+        print(f"\nthe issue's regex schema refused in {took * 1000:.1f} ms")
+        for levels in (120, 150, 400):
+            r = await http.post("/v1/responses", json={"model": "large", "input": "hi", "text": {"format": {
+                "type": "json_schema", "name": "x", "schema": nested(levels)}}})
+            err = openai_error(r, 400)
+            assert err["code"] == "schema_too_costly" and err["param"].startswith("text.format.schema.properties")
+            assert "nested 65 levels" in err["message"]
+        r = await http.post("/v1/chat/completions", json={"model": "large", "messages": USER, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 100 + i}
+                                                 for i in range(5)}}}}})
+        assert openai_error(r, 400)["param"].endswith("maxLength")
+
+
+async def test_a_history_too_large_for_one_kafka_record_is_413_that_says_so(
+        gateway: str, headers: dict[str, str]) -> None:
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": "abcd"} for i in range(30_001)]
+    async with httpx.AsyncClient(base_url=gateway, timeout=60, headers=headers) as http:
+        start = time.perf_counter()
+        r = await http.post("/v1/chat/completions", json={"model": "large", "messages": history})
+        took = time.perf_counter() - start
+        err = openai_error(r, 413)
+        assert err["code"] == "request_too_large" and "bytes once encoded" in err["message"]
+        assert "retry-after" not in r.headers
+        print(f"\na {len(r.request.content):,}-byte history refused 413 in {took * 1000:.0f} ms")
+        r = await http.post("/v1/chat/completions", json={"model": "large", "messages": USER, "max_tokens": 0})
+        assert openai_error(r, 400)["param"] == "max_tokens"  # and the connection still serves
