@@ -15,8 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from infra.config.pools import load_pools
 from infra.config.settings import Settings
 from infra.local import loadtest_scenarios as scenarios
@@ -131,7 +129,7 @@ def _pools_json(spec: ServiceSpec) -> dict[str, Any]:
 def _conclude(name: str, rows: list[dict[str, Any]], steps: list[scenarios.Step]) -> None:
     """The scenario's table; for a ramp, the highest sustained step and the busiest process of the first that
     was not; for the spike, the capacity model's longest wait beside the measured one."""
-    Console().print(table.scenario_table(name, rows))
+    table.console().print(table.scenario_table(name, rows))
     verdict: dict[str, Any] = {}
     if any(s.stepped for s in steps):
         ok = [r for r in rows if r["sustained"]]

@@ -64,7 +64,9 @@ def pools_toml(spec: ServiceSpec) -> str:
     lines = ["[defaults]", 'engine = "sim"', "max_model_len = 8192", "max_num_batched_tokens = 8192",
              "metrics_port = 0", ""]
     for name, pool in spec.pools.items():
-        lines += [f"[pools.{name}]", f"max_num_seqs = {pool.max_num_seqs}", f'description = "loadtest sim {name}"', ""]
+        # its own model name per pool, so a reply shows which pool answered (overflow to small)
+        lines += [f"[pools.{name}]", f"max_num_seqs = {pool.max_num_seqs}", f'served_model_name = "sim-{name}"',
+                  f'description = "loadtest sim {name}"', ""]
         if pool.sim:
             lines += [f"[pools.{name}.sim]", *(f"{k} = {_toml_value(v)}" for k, v in pool.sim.items()), ""]
     return "\n".join(lines)

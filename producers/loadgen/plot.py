@@ -43,8 +43,8 @@ def draw(path: Path, records: list[RequestRecord], started: float, samples: list
         return None
     series = per_second(records, started)
     fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True)
-    _line(axes[0], series["sent"], "arrivals/s")
-    _line(axes[0], series["completed"], "completed/s")
+    _line(axes[0], series["sent"], "arrivals/s", fill=True)
+    _line(axes[0], series["completed"], "completed/s", fill=True)
     axes[0].set_ylabel("requests/s")
     ts = [s["t"] for s in samples]
     axes[1].plot(ts, [s["in_flight"] for s in samples], label="client streams open")
@@ -55,15 +55,17 @@ def draw(path: Path, records: list[RequestRecord], started: float, samples: list
     _line(axes[2], series["itl_p99"], "ITL p99")
     axes[2].set_ylabel("ms")
     axes[2].set_yscale("log")
-    _line(axes[3], series["tokens"], "tokens delivered/s")
+    _line(axes[3], series["tokens"], "tokens delivered/s", fill=True)
     axes[3].set_ylabel("tokens/s")
     lag_ax = axes[3].twinx()
     for group in sorted({g for s in samples for g in s.get("lag", {})}):
         lag_ax.plot(ts, [s.get("lag", {}).get(group, 0) for s in samples], "--", label=f"lag {group}")
     lag_ax.set_ylabel("consumer lag (records)")
-    for ax in (*axes, lag_ax):
+    for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper left", fontsize=8)
+    if lag_ax.get_legend_handles_labels()[0]:
+        lag_ax.legend(loc="upper right", fontsize=7, ncol=2)
     axes[-1].set_xlabel("seconds from the first arrival")
     fig.suptitle(title)
     fig.tight_layout()
@@ -72,6 +74,7 @@ def draw(path: Path, records: list[RequestRecord], started: float, samples: list
     return path
 
 
-def _line(ax: Any, series: dict[int, float], label: str) -> None:
-    xs = sorted(series)
-    ax.plot(xs, [series[x] for x in xs], label=label)
+def _line(ax: Any, series: dict[int, float], label: str, fill: bool = False) -> None:
+    """One series; ``fill``: a count, so a second with nothing in it is a zero, not a gap."""
+    xs = list(range(min(series), max(series) + 1)) if fill and series else sorted(series)
+    ax.plot(xs, [series.get(x, 0.0) for x in xs], label=label)

@@ -19,19 +19,26 @@ def _p(section: dict[str, Any], q: str = "p50") -> str:
     return _f(section.get(q))
 
 
-def show(report: dict[str, Any], console: Console | None = None) -> None:
-    console = console or Console()
-    console.print(summary_table(report))
-    console.print(cpu_table(report))
+def console() -> Console:
+    """A terminal's own width; 160 columns in a log file, so the tables stay readable."""
+    import sys
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def show(report: dict[str, Any], out: Console | None = None) -> None:
+    term = out or console()
+    term.print(summary_table(report))
+    term.print(cpu_table(report))
     if report["hops_ms"].get("n"):
-        console.print(hops_table(report))
+        term.print(hops_table(report))
     for pool, e in report["engine"].items():
-        console.print(f"engine {pool}: {e['tokens']:,} tokens, {e['replies']} replies, busy {e['busy_s']} s, "
-                      f"peak running {_f(e['peak_running'], 0)} waiting {_f(e['peak_waiting'], 0)} "
-                      f"kv {_f(e['peak_kv'], 2)}, prefix hits {_f(e['prefix_hit_ratio'], 2)}, "
-                      f"mean TTFT {_f(e['ttft_ms_mean'])} ms, mean ITL {_f(e['itl_ms_mean'])} ms")
+        term.print(f"engine {pool}: {e['tokens']:,} tokens, {e['replies']} replies, busy {e['busy_s']} s, "
+                   f"peak running {_f(e['peak_running'], 0)} waiting {_f(e['peak_waiting'], 0)} "
+                   f"kv {_f(e['peak_kv'], 2)}, prefix hits {_f(e['prefix_hit_ratio'], 2)}, "
+                   f"mean TTFT {_f(e['ttft_ms_mean'])} ms, mean ITL {_f(e['itl_ms_mean'])} ms")
     if report["lag"]:
-        console.print("consumer lag (max/last records): " + ", ".join(
+        term.print("consumer lag (max/last records): " + ", ".join(
             f"{g} {int(v['max'])}/{int(v['last'])}" for g, v in report["lag"].items()))
 
 
