@@ -110,6 +110,10 @@ class Settings:
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
     cursor_secret: str = ""  # signs page cursors; empty: a random key kept in the state folder
     session_ttl_s: int = 7 * 24 * 3600  # the page's sign-in lasts this long, then the cookie is refused
+    # Where browsers open the page (https://chat.example.com): its origin may spend the page's cookie and its
+    # host is answered. Empty: only the loopback names at the gateway's port (never the request's own Host).
+    public_url: str = ""
+    allowed_hosts: tuple[str, ...] = ()  # more Host names answered (a service name, *.example.com); "*": any
     # admission
     route_small_max_chars: int | None = None  # None: the short-message classifier is off
     min_visible_chars: int = 1
@@ -249,6 +253,8 @@ VARS: tuple[Var, ...] = (
     Var("CURSOR_SECRET", "cursor_secret", str),
     Var("LOCAL_MODE", "local_mode", _bool),
     Var("SESSION_TTL_S", "session_ttl_s", int),
+    Var("PUBLIC_URL", "public_url", str),
+    Var("ALLOWED_HOSTS", "allowed_hosts", _names),
     Var("ROUTE_SMALL_MAX_CHARS", "route_small_max_chars", _optional_int),
     Var("MIN_VISIBLE_CHARS", "min_visible_chars", int),
     Var("HISTORY_ALLOWANCE", "history_allowance", int),

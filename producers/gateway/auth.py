@@ -1,9 +1,10 @@
 """Who is calling: a bearer token, or the page's session cookie (a server-side session, never the token).
 
-A request that rides on the cookie and changes something must come from this origin: the
-cookie is SameSite=Strict already, and the Origin check stops what SameSite does not (a
-sibling subdomain, an old browser). Bearer calls need no such check: a browser never attaches
-an Authorization header by itself.
+A request that rides on the cookie and changes something must come from an allowed origin (the
+configured public URL, or loopback at this gateway's port: ``origins``), never one derived from the
+request's own Host. The cookie is SameSite=Strict already, and the Origin check stops what SameSite
+does not (a sibling subdomain, an old browser, DNS rebinding). Bearer calls need no such check: a
+browser never attaches an Authorization header by itself.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from fastapi import Request
 
 from infra.stores.accounts import User
 from producers.gateway.errors import ApiError, unauthorized
+from producers.gateway.origins import allowed_origins
 from producers.gateway.state import Gateway
 
 SESSION_COOKIE = "parley_session"
@@ -54,13 +56,14 @@ def check_same_origin(request: Request, required: bool = True) -> None:
     origin = request.headers.get("origin") or _origin_of(request.headers.get("referer", ""))
     if origin is None and not required:
         return
-    if origin != own_origin(request):
+    if origin is None or origin.lower() not in own_origins(request):
         raise ApiError(403, "cross_origin", "This request came from another site, so it was refused. "
                                             "Use the Parley page itself, or send a bearer token.")
 
 
-def own_origin(request: Request) -> str:
-    return f"{request.url.scheme}://{request.headers.get('host', request.url.netloc)}"
+def own_origins(request: Request) -> frozenset[str]:
+    server = request.scope.get("server")  # the socket's own address, not the request's Host header
+    return allowed_origins(gateway_of(request).settings, server[1] if server else None)
 
 
 def _origin_of(url: str) -> str | None:

@@ -19,7 +19,8 @@ ORIGIN = "http://testserver"  # the TestClient's own origin
 
 @pytest.fixture
 def app(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings.with_(session_ttl_s=600), {"large": "m"}), client=("127.0.0.1", 5)) as c:
+    app = create_app(settings.with_(session_ttl_s=600, public_url=ORIGIN), {"large": "m"})  # its Host is allowed
+    with TestClient(app, client=("127.0.0.1", 5)) as c:
         yield c
 
 

@@ -14,7 +14,7 @@ from streams import billing
 
 def _client() -> TestClient:
     # No `with`: the lifespan (Kafka, Redis, Cassandra) never starts; nothing here reaches a backend.
-    return TestClient(create_app(Settings(), {"large": "m", "small": "m"}))
+    return TestClient(create_app(Settings(), {"large": "m", "small": "m"}), base_url="http://127.0.0.1:8000")
 
 
 def test_docs_page_loads_swagger_ui_from_the_gateway_itself() -> None:

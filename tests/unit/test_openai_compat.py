@@ -197,7 +197,7 @@ def test_model_list_names_pools_and_the_served_model() -> None:
 @pytest.fixture
 def client() -> TestClient:
     # No `with`: the lifespan (Kafka, Redis, Cassandra) never starts; nothing here reaches a backend.
-    app = create_app(Settings(), dict(MODELS))
+    app = create_app(Settings().with_(public_url="http://testserver"), dict(MODELS))  # the TestClient's host
 
     async def user_for_token(token: str) -> User | None:
         return User("u1", "free") if token == "good" else None

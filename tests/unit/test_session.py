@@ -17,6 +17,8 @@ VENDORED = ("vendor/marked.esm.js", "vendor/purify.es.js", "vendor/highlight.min
 
 def client(address: str = "127.0.0.1", **settings: object) -> TestClient:
     # No `with`: the lifespan (Kafka, Redis, Cassandra) never starts; these routes don't need it.
+    # The TestClient calls itself "testserver": the page's public URL here, so its Host and Origin are allowed.
+    settings = {"public_url": "http://testserver", **settings}
     return TestClient(create_app(Settings().with_(**settings), {"large": "m"}), client=(address, 50000))
 
 
