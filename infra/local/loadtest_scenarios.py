@@ -41,26 +41,31 @@ def _shape(load: Load, knobs: Knobs) -> Load:
     return replace(load, phases=phases, seed=knobs.seed)
 
 
+def _rates(load: Load) -> str:
+    return " -> ".join(f"{p.rate:g}" for p in load.phases) + " req/s"
+
+
 def replica(knobs: Knobs) -> list[Step]:
     """One sim replica (183 sequences, ~5,000 tok/s) at ~4 requests a second: a replica's share of 50 req/s."""
     service = ServiceSpec({"large": REPLICA, "small": SMALL})
-    return [Step("4 req/s", service, _shape(Load((Phase(60, 4.0),), drain_s=90), knobs))]
+    load = _shape(Load((Phase(60, 4.0),), drain_s=90), knobs)
+    return [Step(_rates(load), service, load)]
 
 
 def stages(knobs: Knobs) -> list[Step]:
     """Short replies on ample sim capacity, so the request path (admission -> persistence) is what is loaded."""
     service = ServiceSpec({"large": SimPool(workers=1, max_num_seqs=1000, sim={"reply_tokens": 32}), "small": SMALL})
-    return [Step(f"{rate:g} req/s", service, _shape(Load((Phase(20, rate),), max_tokens=32, max_turns=2,
-                                                         message_tokens=100, drain_s=30), knobs), stepped=True)
-            for rate in (2, 4, 6, 8, 12, 16)]
+    loads = [_shape(Load((Phase(20, rate),), max_tokens=32, max_turns=2, message_tokens=100, drain_s=30), knobs)
+             for rate in (2, 4, 6, 8, 12, 16)]
+    return [Step(_rates(load), service, load, stepped=True) for load in loads]
 
 
 def gateway(knobs: Knobs) -> list[Step]:
     """Long replies, short one-turn prompts: SSE events a second through one gateway, raised until it stalls."""
     service = ServiceSpec({"large": SimPool(workers=1, max_num_seqs=600), "small": SMALL})
-    return [Step(f"{rate:g} req/s", service, _shape(Load((Phase(30, rate),), max_turns=1, message_tokens=50,
-                                                         drain_s=60), knobs), stepped=True)
-            for rate in (2, 4, 6, 8, 12)]
+    loads = [_shape(Load((Phase(30, rate),), max_turns=1, message_tokens=50, drain_s=60), knobs)
+             for rate in (2, 4, 6, 8, 12)]
+    return [Step(_rates(load), service, load, stepped=True) for load in loads]
 
 
 SPIKE_SEQS = 120  # one replica at a tenth of the seeds' 50 req/s: ~5 req/s at ~640 tokens and ~36 ms a step
@@ -69,8 +74,8 @@ SPIKE_SEQS = 120  # one replica at a tenth of the seeds' 50 req/s: ~5 req/s at ~
 def spike(knobs: Knobs) -> list[Step]:
     """The seeds' 35 -> 70 req/s for a minute at a tenth: 3.5 -> 7 req/s on a replica serving ~5."""
     service = ServiceSpec({"large": SimPool(workers=1, max_num_seqs=SPIKE_SEQS), "small": SMALL})
-    load = Load((Phase(20, 3.5), Phase(60, 7.0), Phase(20, 3.5)), drain_s=90)
-    return [Step("3.5 -> 7 -> 3.5 req/s", service, _shape(load, knobs))]
+    load = _shape(Load((Phase(20, 3.5), Phase(60, 7.0), Phase(20, 3.5)), drain_s=90), knobs)
+    return [Step(_rates(load), service, load)]
 
 
 def spike_prediction(peak: float, served: float, seconds: float) -> dict[str, float]:
