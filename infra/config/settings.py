@@ -114,6 +114,7 @@ class Settings:
     # host is answered. Empty: only the loopback names at the gateway's port (never the request's own Host).
     public_url: str = ""
     allowed_hosts: tuple[str, ...] = ()  # more Host names answered (a service name, *.example.com); "*": any
+    max_streams_per_user: int = 8  # replies and resumes one user may hold open on one gateway; then 429
     # admission
     route_small_max_chars: int | None = None  # None: the short-message classifier is off
     min_visible_chars: int = 1
@@ -255,6 +256,7 @@ VARS: tuple[Var, ...] = (
     Var("SESSION_TTL_S", "session_ttl_s", int),
     Var("PUBLIC_URL", "public_url", str),
     Var("ALLOWED_HOSTS", "allowed_hosts", _names),
+    Var("MAX_STREAMS_PER_USER", "max_streams_per_user", int),
     Var("ROUTE_SMALL_MAX_CHARS", "route_small_max_chars", _optional_int),
     Var("MIN_VISIBLE_CHARS", "min_visible_chars", int),
     Var("HISTORY_ALLOWANCE", "history_allowance", int),

@@ -166,12 +166,18 @@ async def stream(request: Request, generation_id: str, user: User = Depends(curr
     if owner is None or owner[0] != user.user_id:
         raise not_found("generation")
     after = _event_id(request.query_params.get("after", last_event_id))
-    if after is not None and (after := await gw.relay.check_offset(generation_id, after)) is None:
-        raise ApiError(422, "bad_last_event_id", "Last-Event-ID is an event id of another stream; "
-                                                 "resume with the last id this stream sent.")
-    if after is not None:
-        metrics.reconnected(user.plan)
-    return _sse(gw, generation_id, owner[1], after=after, queue=None, first=None)
+    slot = gw.streams.take(user.user_id)  # before the resume opens a Kafka reader
+    try:
+        if after is not None and (after := await gw.relay.check_offset(generation_id, after)) is None:
+            raise ApiError(422, "bad_last_event_id", "Last-Event-ID is an event id of another stream; "
+                                                     "resume with the last id this stream sent.")
+        if after is not None:
+            metrics.reconnected(user.plan)
+        response = _sse(gw, generation_id, owner[1], after=after, queue=None, first=None)
+    except BaseException:
+        slot.release()
+        raise
+    return slot.holding(response)  # type: ignore[return-value]
 
 
 def _event_id(raw: str | None) -> int | None:
@@ -211,9 +217,22 @@ async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> No
 
 
 async def _submit(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
-                  client_message_id: str | None, *, message_id: str, parent_id: str | None,
-                  regenerate: bool = False, edit_of: str | None = None, max_tokens: int | None = None,
-                  sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
+                  client_message_id: str | None, **kwargs: Any) -> StreamingResponse:
+    """The reply's stream, holding one of the user's stream slots until it ends (429 when none is free)."""
+    slot = gw.streams.take(user.user_id)  # before anything is put in
+    try:
+        response = await _submit_held(request, gw, user, conversation_id, content, pool, client_message_id,
+                                      **kwargs)
+    except BaseException:
+        slot.release()
+        raise
+    return slot.holding(response)  # type: ignore[return-value]
+
+
+async def _submit_held(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
+                       client_message_id: str | None, *, message_id: str, parent_id: str | None,
+                       regenerate: bool = False, edit_of: str | None = None, max_tokens: int | None = None,
+                       sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
     generation_id = new_id()
     cmid = client_message_id or f"auto-{uuid.uuid4().hex}"
     claim_key, fingerprint = keys.client_message(conversation_id, cmid), _fingerprint(content)

@@ -79,13 +79,22 @@ async def chat_completions(request: Request, body: Any = Body(..., examples=[EXA
     gw = gateway_of(request)
     chat = compat.parse(body, gw.models, gw.settings.default_pool, gw.settings.max_message_chars)
     check_n(gw, user, chat.n)
-    limits = await ratelimit.headers(gw.quota, user.user_id, user.plan)
-    jobs = await submit_choices(gw, user, chat)
-    headers = {"X-Generation-Id": jobs[0].generation_id, "X-Conversation-Id": jobs[0].conversation_id, **limits}
-    if chat.stream:
-        return CancelOnLeave(_chunks(jobs, chat.include_usage), jobs, media_type="text/event-stream",
-                             headers=dict(SSE_HEADERS, **headers))
-    return JSONResponse(await _completion(request, jobs), headers=headers)
+    slot = gw.streams.take(user.user_id)  # held while the reply streams or is waited for
+    try:
+        limits = await ratelimit.headers(gw.quota, user.user_id, user.plan)
+        jobs = await submit_choices(gw, user, chat)
+        headers = {"X-Generation-Id": jobs[0].generation_id, "X-Conversation-Id": jobs[0].conversation_id,
+                   **limits}
+        if chat.stream:
+            return slot.holding(CancelOnLeave(_chunks(jobs, chat.include_usage), jobs,
+                                              media_type="text/event-stream", headers=dict(SSE_HEADERS, **headers)))
+        return JSONResponse(await _completion(request, jobs), headers=headers)
+    except BaseException:
+        slot.release()
+        raise
+    finally:
+        if not chat.stream:
+            slot.release()
 
 
 def check_n(gw: Gateway, user: User, n: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Body, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from infra.stores import keys
 from infra.stores.accounts import User
@@ -51,6 +51,15 @@ async def create_response(request: Request, body: Any = Body(..., examples=[{"mo
                           user: User = Depends(current_user)) -> Any:
     gw = gateway_of(request)
     req = rc.parse(body, gw.models, gw.settings.default_pool, gw.settings.max_message_chars)
+    slot = gw.streams.take(user.user_id)  # held while the reply streams or is waited for
+    try:
+        return slot.holding(await _create(request, gw, user, req))
+    except BaseException:
+        slot.release()
+        raise
+
+
+async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseRequest) -> Response:
     conversation_id, earlier = await _continued(gw, user, req.previous_response_id)
     if conversation_id is None:
         keep = req.store and not gw.keeps_nothing(user)  # no-retention plans: not listed, no title
@@ -116,8 +125,9 @@ async def retrieve_response(request: Request, response_id: str, stream: bool = F
     gw = gateway_of(request)
     gid, meta = await _meta(gw, user, response_id)
     if stream:
+        slot = gw.streams.take(user.user_id)
         body = _resumed(gw, gid, meta, -1 if starting_after is None else starting_after)
-        return StreamingResponse(body, media_type="text/event-stream", headers=dict(SSE_HEADERS))
+        return slot.holding(StreamingResponse(body, media_type="text/event-stream", headers=dict(SSE_HEADERS)))
     state = await _state(gw, gid, meta)
     return rc.response_object(state, meta["echo"])
 

@@ -27,6 +27,7 @@ from infra.stores.session import AsyncSession, connect
 from producers.gateway import metrics
 from producers.gateway.cursors import Cursors, cursor_key
 from producers.gateway.relay import TokenRelay
+from producers.gateway.stream_slots import StreamSlots
 from topics import Role, Topics
 from topics.catalogue import CONTROL, DELETIONS, GATEWAY, REQUESTS, TOKENS
 from topics.clients import make_producer
@@ -58,6 +59,10 @@ class Gateway:
     quota: Any = None
     _cluster: Any = None
     _auth_cache: dict[str, tuple[float, User]] = field(default_factory=dict)
+    streams: StreamSlots = field(init=False)  # open replies and resumes per user on this gateway
+
+    def __post_init__(self) -> None:
+        self.streams = StreamSlots(self.settings.max_streams_per_user)
 
     async def start(self) -> None:
         self.cursors = Cursors(cursor_key(self.settings))

@@ -17,6 +17,7 @@ from infra.stores.accounts import User
 from infra.stores.conversations import Message
 from producers.gateway import routes_chat, submission
 from producers.gateway.app import install_error_handlers
+from producers.gateway.stream_slots import StreamSlots
 from producers.gateway.submission import Accepted, Refused
 from schemas import GenerationFinished, GenerationQueued, MessageSubmitted, RequestRefused, TokensAppended, Usage
 from tests.fake_stores import FakeConversations, FakeRedis, FakeSealer, conversation
@@ -57,6 +58,7 @@ class Gateway:
     sealer: FakeSealer = field(default_factory=FakeSealer)
     gateway_id: str = "gw-test"
     keepalive_s: float = 1.0
+    streams: StreamSlots = field(default_factory=lambda: StreamSlots(8))
 
     async def user_for_token(self, token: str) -> User | None:
         return TOKENS.get(token)
