@@ -18,7 +18,7 @@ from typing import Any
 from infra.config.pools import load_pools
 from infra.config.settings import Settings
 from infra.local import loadtest_scenarios as scenarios
-from infra.local.loadtest_service import PrivateService, ServiceSpec, launch
+from infra.local.loadtest_service import KEYSPACE, PrivateService, ServiceSpec, launch
 from producers.loadgen import accounts, report, table
 from producers.loadgen import run as loadrun
 from producers.loadgen.arrivals import Phase
@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--users", type=int, default=None, help="users to create (default: enough for the load)")
     parser.add_argument("--paid-share", type=float, default=0.5, help="share of paid users")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keyspace", default=KEYSPACE, help="--scenario: the private service's keyspace")
+    parser.add_argument("--summary", type=Path, default=None, help="--scenario: also write the summary here")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,7 +96,7 @@ async def _scenario(args: argparse.Namespace) -> int:
     try:
         for step in steps:
             if step.service != spec:
-                svc = await _restart(svc, step.service)
+                svc = await _restart(svc, step.service, args.keyspace)
                 spec = step.service
             assert svc is not None
             users = await accounts.make_users(svc.settings, *accounts.split(args.users or _users_for(step.load),
@@ -108,15 +110,15 @@ async def _scenario(args: argparse.Namespace) -> int:
     finally:
         if svc is not None:
             await asyncio.to_thread(svc.stop)
-    _conclude(args.scenario, rows, steps)
+    _conclude(args.scenario, rows, steps, args.summary)
     return 0
 
 
-async def _restart(svc: PrivateService | None, spec: ServiceSpec) -> PrivateService:
+async def _restart(svc: PrivateService | None, spec: ServiceSpec, keyspace: str) -> PrivateService:
     if svc is not None:
         await asyncio.to_thread(svc.stop)
     began = time.monotonic()
-    svc = await asyncio.to_thread(launch, spec, loadrun.RESULTS / "services")
+    svc = await asyncio.to_thread(launch, spec, loadrun.RESULTS / "services", keyspace)
     print(f"private service {svc.settings.topic_prefix.rstrip('.')} ready in {time.monotonic() - began:.0f} s "
           f"({', '.join(svc.procs)}); logs in {svc.log_dir}")
     return svc
@@ -126,7 +128,7 @@ def _pools_json(spec: ServiceSpec) -> dict[str, Any]:
     return {n: {"workers": p.workers, "max_num_seqs": p.max_num_seqs, "sim": p.sim} for n, p in spec.pools.items()}
 
 
-def _conclude(name: str, rows: list[dict[str, Any]], steps: list[scenarios.Step]) -> None:
+def _conclude(name: str, rows: list[dict[str, Any]], steps: list[scenarios.Step], also: Path | None) -> None:
     """The scenario's table; for a ramp, the highest sustained step and the busiest process of the first that
     was not; for the spike, the capacity model's longest wait beside the measured one."""
     table.console().print(table.scenario_table(name, rows))
@@ -145,5 +147,7 @@ def _conclude(name: str, rows: list[dict[str, Any]], steps: list[scenarios.Step]
         print(json.dumps(verdict))
     loadrun.RESULTS.mkdir(parents=True, exist_ok=True)
     path = loadrun.RESULTS / f"{name}-summary-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"scenario": name, "steps": rows, "verdict": verdict}, indent=1, default=str) + "\n")
+    text = json.dumps({"scenario": name, "steps": rows, "verdict": verdict}, indent=1, default=str) + "\n"
+    for out in (path, also) if also else (path,):
+        out.write_text(text)
     print(f"summary: {path}")

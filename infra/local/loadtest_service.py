@@ -148,7 +148,7 @@ class PrivateService:
             asyncio.run(delete_prefixed_async(self.settings.kafka_bootstrap, self.settings.topic_prefix))
 
 
-def prepare(spec: ServiceSpec, root: Path) -> PrivateService:
+def prepare(spec: ServiceSpec, root: Path, keyspace: str = KEYSPACE) -> PrivateService:
     """Settings, files and environment of a new private service (nothing started yet)."""
     prefix = f"lt{uuid.uuid4().hex[:8]}."
     log_dir = root / prefix.rstrip(".")
@@ -156,20 +156,20 @@ def prepare(spec: ServiceSpec, root: Path) -> PrivateService:
     (log_dir / "pools.toml").write_text(pools_toml(spec))
     (log_dir / "plans.toml").write_text(plans_toml())
     base = Settings.from_env()
-    settings = base.with_(topic_prefix=prefix, keyspace=KEYSPACE, pools_file=log_dir / "pools.toml",
+    settings = base.with_(topic_prefix=prefix, keyspace=keyspace, pools_file=log_dir / "pools.toml",
                           plans_file=log_dir / "plans.toml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_POOL_")}
-    env.update(PARLEY_TOPIC_PREFIX=prefix, PARLEY_KEYSPACE=KEYSPACE, PARLEY_POOLS_FILE=str(settings.pools_file),
+    env.update(PARLEY_TOPIC_PREFIX=prefix, PARLEY_KEYSPACE=keyspace, PARLEY_POOLS_FILE=str(settings.pools_file),
                PARLEY_PLANS_FILE=str(settings.plans_file), PARLEY_LOG_FORMAT="json", PYTHONUNBUFFERED="1")
     return PrivateService(spec, settings, env, log_dir)
 
 
-def launch(spec: ServiceSpec, root: Path) -> PrivateService:
+def launch(spec: ServiceSpec, root: Path, keyspace: str = KEYSPACE) -> PrivateService:
     """Migrate the keyspace, create the topics, start everything and wait until each process is ready."""
     from infra.local.topology import ensure_topics
     from infra.stores.cql.migrate import apply
 
-    svc = prepare(spec, root)
+    svc = prepare(spec, root, keyspace)
     apply(svc.settings)
     ensure_topics(svc.settings)
     try:
