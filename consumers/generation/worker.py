@@ -29,6 +29,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from redis.exceptions import RedisError
 
+from consumers.generation.coalescing import Batch, Coalescer, FlushPolicy
 from consumers.generation.decisions import (
     STALE_REQUEST_S,
     Finish,
@@ -98,8 +99,9 @@ class GenerationWorker:
     def __init__(self, settings: Settings, limits: Limits, engine: Any, capacity: int,
                  worker_id: str | None = None, metrics_port: int | None = None,
                  on_ready: Any = None, classifier: Any = None, metrics_host: str = "127.0.0.1",
-                 sealer: Sealer | None = None, plans: dict[str, Plan] | None = None) -> None:
-        self.on_ready, self.sealer = on_ready, sealer
+                 sealer: Sealer | None = None, plans: dict[str, Plan] | None = None,
+                 flush: FlushPolicy = FlushPolicy()) -> None:
+        self.on_ready, self.sealer, self.flush = on_ready, sealer, flush
         self.sealing: set[str] = set()  # generations whose request came sealed: their tokens leave sealed
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
         self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"
@@ -429,6 +431,7 @@ class GenerationWorker:
         announced, last_append = saved.started is not None, 0.0
         guard = self.safety.start(req.plan, req.purpose) if self.safety is not None else None
         shown, blocked = gen.first_seq - 1, None  # the last seq handed to the producer; the flagged verdict
+        batch, gone = Coalescer(self.flush), False  # outputs not yet in a record; the conversation was deleted
         try:
             sampling = for_request(req, saved_tokens=len(saved.token_ids), max_tokens=gen.max_tokens)
             async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
@@ -447,24 +450,23 @@ class GenerationWorker:
                     await self.engine.abort(req.generation_id)  # paused past our lease (SIGSTOP, a long GC)
                     await asyncio.gather(*pending)
                     return
+                check = guard is not None and guard.add(out.text, len(out.token_ids), out.finished)
                 if out.token_ids or out.text:
-                    step = TokensAppended(generation_id=req.generation_id, conversation_id=req.conversation_id,
-                                          user_id=req.user_id, seq=seq, text=out.text, token_ids=list(out.token_ids),
-                                          logprobs=out.logprobs, epoch=self.fence.epoch(req.generation_id))
-                    if guard is not None and guard.holds:
-                        guard.hold(step)  # shown once its chunk has passed the check
-                    else:
-                        pending.append(await self._append(step))
-                        shown = seq
-                    seq += 1
+                    batch.add(out)
                     text.append(out.text)
                     completion += len(out.token_ids)
                     self.metrics.tokens.inc(len(out.token_ids))
                     self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane).inc(len(out.token_ids))
+                # What the safety check reads is in records before it decides (held back or already shown, as
+                # the plan says); a finish or a cancel goes out at once.
+                if batch.due(now, urgent=out.finished or check or req.generation_id in self.cancelled):
+                    if await self._flush(req, batch.take(now), seq, guard, pending):
+                        shown = seq
+                    seq += 1
                 if last_append:
                     self.metrics.itl.observe(now - last_append)
                 last_append = now
-                if guard is not None and guard.add(out.text, len(out.token_ids), out.finished):
+                if check:
                     blocked = await self._checked(req, guard)
                     if blocked is not None:
                         break
@@ -484,10 +486,14 @@ class GenerationWorker:
             raise
         except KeyGone:  # deleted while generating, before its cancel arrived: nothing more may be sealed
             await self.engine.abort(req.generation_id)
-            status, reason, text = "stopped", "conversation deleted", []
+            status, reason, text, gone = "stopped", "conversation deleted", [], True
         except Exception as exc:  # noqa: BLE001 - engine errors end this reply, not the worker
             log.exception("generation %s failed in the engine", req.generation_id)
             status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
+        if not batch.empty and blocked is None and not gone:  # the engine stopped without a last output
+            if await self._flush(req, batch.take(time.time()), seq, guard, pending):
+                shown = seq
+            seq += 1
         await self._landed(req.generation_id, pending)
         if guard is not None and guard.held and blocked is None:  # the engine failed mid-chunk: never checked,
             unshown, joined = "".join(h.text for h in guard.held), "".join(text)  # so never shown or saved
@@ -502,6 +508,19 @@ class GenerationWorker:
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion, cached_prompt_tokens=cached)
         await self._finish(finished_event(req, self.limits, self.worker_id, status, "".join(text), usage,
                                           seq - 1, reason, picked_at, first_token_at, block))
+
+    async def _flush(self, req: GenerationRequested, batch: Batch, seq: int, guard: OutputGuard | None,
+                     pending: list[asyncio.Future[Any]]) -> bool:
+        """One record of what was gathered, numbered ``seq``; True once handed to the producer, False while the
+        safety check holds it back."""
+        step = TokensAppended(generation_id=req.generation_id, conversation_id=req.conversation_id,
+                              user_id=req.user_id, seq=seq, text=batch.text, token_ids=batch.token_ids,
+                              logprobs=batch.logprobs, epoch=self.fence.epoch(req.generation_id))
+        if guard is not None and guard.holds:
+            guard.hold(step)  # shown once its chunk has passed the check
+            return False
+        pending.append(await self._append(step))
+        return True
 
     async def _append(self, step: TokensAppended) -> asyncio.Future[Any]:
         """Checked (when held back) in clear here; sealed on the way out."""

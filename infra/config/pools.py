@@ -1,7 +1,7 @@
 """Engine pools: which model each pool serves and how its vLLM engine is sized.
 
 Read once per process from ``Settings.pools_file`` (``infra/config/pools.toml`` by default), with one field of
-one pool overridable from the environment (``Settings.pool_overrides``; README's configuration table names the
+one pool overridable from the environment (``Settings.pool_overrides``; the configuration table in docs/configuration.md names the
 variable).
 Reading the configuration never touches model weights: ``infra.local.model.ready_pool`` converts the
 default model on first use.
@@ -32,6 +32,8 @@ ENV_FIELDS = {
     "DTYPE": "dtype",
     "METRICS_PORT": "metrics_port",
     "ENGINE": "engine",
+    "FLUSH_MS": "flush_ms",
+    "FLUSH_TOKENS": "flush_tokens",
 }
 
 
@@ -85,6 +87,10 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     dtype: str = "bfloat16"
     description: str = ""
     metrics_port: int = 0  # the worker's fixed /metrics port (0: any free one); one worker per pool per host
+    # A generation's tokens become one chat.tokens record per flush window or per flush_tokens, whichever
+    # first (the first token, the finish and a cancel at once); 0: a record per engine output.
+    flush_ms: float = 100.0
+    flush_tokens: int = 16
     engine: Literal["vllm", "sim"] = "vllm"  # sim: the simulated engine, for load tests and capacity planning
     sim: SimConfig = SimConfig()  # read only when engine = "sim"
 

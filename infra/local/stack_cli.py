@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument(
             "--with-prometheus",
             action="store_true",
-            help="also run Prometheus (Debian's package) scraping every process (port: see README)",
+            help="also run Prometheus (Debian's package) scraping every process (port: see docs/configuration.md)",
         )
         which = parser.add_mutually_exclusive_group()
         which.add_argument(

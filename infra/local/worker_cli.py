@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import signal
 
+from consumers.generation.coalescing import FlushPolicy
 from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config import logs as logconfig
@@ -44,6 +45,7 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
                               metrics_port=pool.metrics_port if args.metrics_port is None  # type: ignore[attr-defined]
                               else args.metrics_port, metrics_host=args.metrics_host, classifier=classifier,
                               sealer=configured(settings, AsyncSession(session)),
+                              flush=FlushPolicy(pool.flush_ms / 1000, pool.flush_tokens),  # type: ignore[attr-defined]
                               on_ready=lambda w: print(f"worker ready pool={pool.name} "  # type: ignore[attr-defined]
                                                        f"metrics_port={w.metrics_port}", flush=True))
     loop = asyncio.get_running_loop()

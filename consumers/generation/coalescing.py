@@ -1,0 +1,65 @@
+"""One generation's tokens gathered into records: one ``TokensAppended`` per flush window, not per engine step.
+
+At the seeds' step (36 ms) a record per step is 5,000 Kafka records a second per replica, each sealed, sent
+and read by every reader of ``chat.tokens``. The worker keeps each generation's outputs here and makes one
+record of them when the window has passed since the last record or enough tokens are waiting, whichever
+first. The first output, the finish, a cancel and a safety check that needs the chunk's records flush at
+once, so time to first token and stop-within-one-step do not change. Pure: no clock of its own, no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from consumers.generation.engine import StepOutput
+from schemas.sampling import TokenLogprob
+
+
+@dataclass(frozen=True)
+class FlushPolicy:
+    window_s: float = 0.1  # at the seeds' 36 ms step: 3 tokens a record
+    max_tokens: int = 16
+
+    @property
+    def per_step(self) -> bool:
+        return self.window_s <= 0 or self.max_tokens <= 1
+
+
+PER_STEP = FlushPolicy(window_s=0.0, max_tokens=1)  # a record for every engine output
+
+
+@dataclass
+class Batch:
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+
+
+@dataclass
+class Coalescer:
+    policy: FlushPolicy
+    _text: list[str] = field(default_factory=list)
+    _ids: list[int] = field(default_factory=list)
+    _logprobs: list[TokenLogprob] | None = None
+    _last_flush: float | None = None  # None: nothing flushed yet, so the first output goes at once
+
+    def add(self, out: StepOutput) -> None:
+        self._text.append(out.text)
+        self._ids.extend(out.token_ids)
+        if out.logprobs is not None:
+            self._logprobs = (self._logprobs or []) + list(out.logprobs)
+
+    @property
+    def empty(self) -> bool:
+        return not self._ids and not any(self._text)
+
+    def due(self, now: float, urgent: bool = False) -> bool:
+        """Whether what is gathered should become a record now."""
+        if self.empty:
+            return False
+        return (urgent or self._last_flush is None or self.policy.per_step
+                or len(self._ids) >= self.policy.max_tokens or now - self._last_flush >= self.policy.window_s)
+
+    def take(self, now: float) -> Batch:
+        batch = Batch("".join(self._text), self._ids, self._logprobs)
+        self._text, self._ids, self._logprobs, self._last_flush = [], [], None, now
+        return batch

@@ -1,0 +1,49 @@
+"""A generation's outputs gathered into records: first at once, then per window or per token count."""
+from __future__ import annotations
+
+from consumers.generation.coalescing import PER_STEP, Coalescer, FlushPolicy
+from consumers.generation.engine import StepOutput
+from schemas.sampling import TokenLogprob
+
+
+def out(ids: tuple[int, ...], text: str, logprobs: list[TokenLogprob] | None = None) -> StepOutput:
+    return StepOutput(request_id="g", token_ids=ids, text=text, finished=False, logprobs=logprobs)
+
+
+def test_the_first_output_goes_at_once_then_one_record_per_window() -> None:
+    c = Coalescer(FlushPolicy(window_s=0.1, max_tokens=16))
+    assert not c.due(0.0)  # nothing gathered
+    c.add(out((1,), "The"))
+    assert c.due(0.0)
+    assert c.take(0.0).text == "The"
+    records, now = [], 0.0
+    for i in range(2, 12):  # a 36 ms step: the seeds' replica at full batch
+        now += 0.036
+        c.add(out((i,), f" w{i}"))
+        if c.due(now):
+            records.append(c.take(now).token_ids)
+    assert records == [[2, 3, 4], [5, 6, 7], [8, 9, 10]]  # 3 tokens a record
+    assert not c.empty and c.due(now, urgent=True) and c.take(now).token_ids == [11]
+
+
+def test_enough_tokens_flush_before_the_window_and_logprobs_follow_their_tokens() -> None:
+    c = Coalescer(FlushPolicy(window_s=10.0, max_tokens=3))
+    c.take(0.0)
+    lp = [TokenLogprob("a", -0.1), TokenLogprob("b", -0.2), TokenLogprob("c", -0.3)]
+    c.add(out((1, 2), "ab", lp[:2]))
+    assert not c.due(0.01)
+    c.add(out((3,), "c", lp[2:]))
+    assert c.due(0.02)
+    batch = c.take(0.02)
+    assert (batch.text, batch.token_ids, batch.logprobs) == ("abc", [1, 2, 3], lp)
+
+
+def test_per_step_makes_a_record_of_every_output() -> None:
+    c = Coalescer(PER_STEP)
+    c.add(out((1,), "a"))
+    c.take(0.0)
+    c.add(out((2,), "b"))
+    assert c.due(0.0001)
+    c.take(0.0001)
+    c.add(out((), ""))
+    assert c.empty and not c.due(5.0)  # an output with nothing in it is never a record
