@@ -1,8 +1,7 @@
 """Engine pools: which model each pool serves and how its vLLM engine is sized.
 
 Read once per process from ``Settings.pools_file`` (``infra/config/pools.toml`` by default), with one field of
-one pool overridable from the environment (``Settings.pool_overrides``; the configuration table in docs/configuration.md names the
-variable).
+one pool overridable from the environment (``Settings.pool_overrides``; docs/configuration.md names the variable).
 Reading the configuration never touches model weights: ``infra.local.model.ready_pool`` converts the
 default model on first use.
 """
