@@ -1,14 +1,19 @@
-"""Abandoned-reply detector (group ``abandoned``): follows ``chat.tokens``; a reply that is still
-generating while no gateway has refreshed its reader heartbeat for ``reader_timeout_s`` gets a
-``CancelRequested(reason="abandoned")`` on ``chat.control``, so a user who left does not hold
-GPU memory. Generation never waits for a reader; only a reader that is gone for good stops it.
+"""Abandoned-reply detector (stage ``abandoned``): reads no topic. Once a second it looks in Redis at the
+replies that hold a reservation (``reservations_by_expiry``: admission adds a reply as it reserves, settlement
+or a release removes it when the reply ends or is refused) and were admitted at least ``reader_timeout_s``
+ago; one whose reader heartbeat no gateway has refreshed for ``reader_timeout_s`` gets a
+``CancelRequested(reason="abandoned")`` on ``chat.control``, so a user who left does not hold GPU memory.
+Generation never waits for a reader; only a reader that is gone for good stops it.
+
+It costs one sorted-set range and one pipelined lookup per check, whatever the token rate: it never reads
+``chat.tokens``. A reply that has ended but is not settled yet (``finished_reply`` is written before its end
+is published) is left alone, as is the service's own call for a title or summary (an id with a ``:``).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.errors import KafkaError
@@ -16,41 +21,36 @@ from redis.exceptions import RedisError
 
 from infra.config.settings import Settings
 from infra.stores import keys
-from schemas import (
-    CancelRequested,
-    EventDecodeError,
-    GenerationFinished,
-    GenerationQueued,
-    GenerationStarted,
-    RequestRefused,
-    decode,
-)
-from schemas.base import Event
+from schemas import CancelRequested
 from topics import Role, Topics
-from topics.catalogue import ABANDONED, CONTROL, TOKENS
-from topics.clients import make_consumer, make_producer, send
+from topics.catalogue import ABANDONED, CONTROL
+from topics.clients import make_producer, send
 from topics.runner import Runner
 
 log = logging.getLogger(__name__)
-ROLE = Role(ABANDONED, reads=(TOKENS,), writes=(CONTROL,))
+ROLE = Role(ABANDONED, reads=(), writes=(CONTROL,))
 
 
-Running = dict[str, tuple[str, str, float]]  # generation -> (conversation, user, when it was last seen starting)
+@dataclass(frozen=True)
+class Watched:
+    """One reply admitted long enough ago to be checked, and what Redis says about it now."""
+
+    generation_id: str
+    conversation_id: str
+    user_id: str
+    read: bool  # a reader heartbeat is present
+    ended: bool  # its finish is written (settlement has not removed it yet)
+    cancelled: bool  # a detector cancelled it already
 
 
-def observe(running: Running, event: Event, now: float) -> None:
-    """Follow one token-buffer event: a reply starts being watched when queued or started, and stops when it
-    finishes or is refused. Titles and summaries (ids with a ``:``) have no reader by design."""
-    if isinstance(event, (GenerationQueued, GenerationStarted)):
-        if ":" not in event.generation_id:
-            running[event.generation_id] = (event.conversation_id, event.user_id, now)
-    elif isinstance(event, (GenerationFinished, RequestRefused)):
-        running.pop(event.generation_id, None)
+def oldest_admission(now: float, timeout_s: float, reservation_ttl_s: float) -> float:
+    """The highest reservation expiry of a reply admitted ``timeout_s`` or more before ``now``."""
+    return now - timeout_s + reservation_ttl_s
 
 
-def overdue(running: Running, now: float, timeout_s: float) -> list[str]:
-    """The watched replies seen for longer than ``timeout_s``: the ones whose reader heartbeat to check."""
-    return [gid for gid, (_, _, seen) in running.items() if now - seen >= timeout_s]
+def abandoned(watched: list[Watched]) -> list[Watched]:
+    """Pure: the replies to cancel. A reply with a reader is never among them."""
+    return [w for w in watched if not (w.read or w.ended or w.cancelled or ":" in w.generation_id)]
 
 
 class AbandonedDetector(Runner):
@@ -60,59 +60,65 @@ class AbandonedDetector(Runner):
         super().__init__()
         self.settings, self.redis, self.check_every_s = settings, redis, check_every_s
         self.topics = Topics(settings.topic_prefix)
-        self.running: Running = {}
-        self.consumer = make_consumer(settings.kafka_bootstrap, self.topics.tokens,
-                                      group_id=self.topics.group(ABANDONED), auto_offset_reset="latest",
-                                      enable_auto_commit=True)
+        self.running_key = keys.reservations_by_expiry(settings.topic_prefix)
         self.producer = make_producer(settings.kafka_bootstrap)
 
     def clients(self) -> list[Any]:
-        return [self.producer, self.consumer]
-
-    def background(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._check_loop()]
+        return [self.producer]
 
     async def step(self) -> None:
-        batch = await self.consumer.getmany(timeout_ms=200, max_records=2000)
-        now = time.time()
-        for records in batch.values():
-            for record in records:
-                try:
-                    observe(self.running, decode(record.value), now)
-                except EventDecodeError:
-                    continue  # the token buffer's producers dead-letter; a follower only skips
+        await self.idle(self.check_every_s)
+        if self.stopping:
+            return
+        try:
+            await self.check(time.time())
+        except (RedisError, KafkaError) as exc:  # a store outage: the replies are checked again next time
+            log.warning("abandoned-reply check waits for its stores (%s)", type(exc).__name__)
 
-    async def _check_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.check_every_s)
-            try:
-                await self.check(time.time())
-            except (RedisError, KafkaError) as exc:  # a store outage: the replies stay watched, checked again
-                log.warning("abandoned-reply check waits for its stores (%s); %d replies watched",
-                            type(exc).__name__, len(self.running))
+    async def watched(self, now: float) -> list[Watched]:
+        """The replies admitted at least ``reader_timeout_s`` ago and not yet settled, looked up in one
+        round trip (a range of the reservations' sorted set, then one pipeline)."""
+        s = self.settings
+        last = oldest_admission(now, s.reader_timeout_s, s.reservation_ttl_s)
+        gids = [g.decode() if isinstance(g, bytes) else g
+                for g in await self.redis.zrangebyscore(self.running_key, "-inf", last)]
+        gids = [g for g in gids if ":" not in g]
+        if not gids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for gid in gids:
+                pipe.hmget(keys.reservation(gid), "conversation_id", "user_id")
+                pipe.exists(keys.reader_heartbeat(gid))
+                pipe.exists(keys.finished_reply(gid))
+                pipe.exists(keys.abandoned_cancelled(gid))
+            found = await pipe.execute()
+        return [_watched(gid, *found[4 * i:4 * i + 4]) for i, gid in enumerate(gids)]
 
     async def check(self, now: float) -> list[str]:
         """Cancel each overdue reply nobody reads (once, across restarts: a Redis marker); the cancelled ids.
-        A reply stays watched until its cancel is sent, so a store error only delays it."""
+        A store error only delays a cancel: the marker is taken back when the cancel could not be sent."""
         cancelled = []
-        for gid in overdue(self.running, now, self.settings.reader_timeout_s):
-            if await self.redis.exists(keys.reader_heartbeat(gid)):
-                continue  # a gateway is still reading it
-            watched = self.running.get(gid)
-            if watched is None:
-                continue  # it ended while the heartbeat was looked up
-            conversation_id, user_id, _ = watched
-            marker = keys.abandoned_cancelled(gid)
-            if await self.redis.set(marker, "1", nx=True, ex=3600):
-                try:
-                    await send(self.producer, self.topics.control, CancelRequested(
-                        generation_id=gid, conversation_id=conversation_id, user_id=user_id, reason="abandoned"),
-                        key=gid)
-                except BaseException:
-                    await self.redis.delete(marker)  # not sent: the next check tries again
-                    raise
-                log.info("generation %s abandoned: no reader for %.0f s, cancelled", gid,
-                         self.settings.reader_timeout_s)
-                cancelled.append(gid)
-            self.running.pop(gid, None)
+        for w in abandoned(await self.watched(now)):
+            marker = keys.abandoned_cancelled(w.generation_id)
+            if not await self.redis.set(marker, "1", nx=True, ex=3600):
+                continue  # another detector was first
+            try:
+                await send(self.producer, self.topics.control, CancelRequested(
+                    generation_id=w.generation_id, conversation_id=w.conversation_id, user_id=w.user_id,
+                    reason="abandoned"), key=w.generation_id)
+            except BaseException:
+                await self.redis.delete(marker)  # not sent: the next check tries again
+                raise
+            log.info("generation %s abandoned: no reader for %.0f s, cancelled", w.generation_id,
+                     self.settings.reader_timeout_s)
+            cancelled.append(w.generation_id)
         return cancelled
+
+
+def _watched(gid: str, ids: list[Any], read: int, ended: int, cancelled: int) -> Watched:
+    conversation_id, user_id = (_text(v) for v in ids)
+    return Watched(gid, conversation_id, user_id, bool(read), bool(ended), bool(cancelled))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")

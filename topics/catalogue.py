@@ -84,7 +84,7 @@ PROMPTS = Topic("prompts", "chat.prompts", "conversation_id", (PromptBuilt,), 6,
 TOKENS = Topic("tokens", "chat.tokens", "generation_id",
                (RequestRefused, GenerationQueued, GenerationStarted, TokensAppended, GenerationRetracted,
                 GenerationFinished),
-               6, 10 * MINUTE_MS, (ADMISSION, PROMPT, SCHEDULER, GENERATION), (GATEWAY, GENERATION, ABANDONED))
+               6, 10 * MINUTE_MS, (ADMISSION, PROMPT, SCHEDULER, GENERATION), (GATEWAY, GENERATION))
 REPLIES = Topic("replies", "chat.replies", "conversation_id", (GenerationFinished,), 6, 7 * DAY_MS,
                 (GENERATION, SCHEDULER), (SETTLEMENT, PERSISTENCE, SCHEDULER, REAPER, BILLING))
 # Broadcast: every worker reads every partition without a group.

@@ -4,7 +4,7 @@ and what each one is built from. Every stage is handed its stores; none reads co
     gateway -> chat.requests -> ADMISSION -> chat.admitted -> PROMPT -> chat.prompts -> SCHEDULER
       -> generate.<pool>.<lane> -> (generation workers, `parley worker`) -> chat.tokens / chat.replies
       chat.replies -> PERSISTENCE, SETTLEMENT -> usage -> USAGE_ROLLUP;  REAPER sweeps what settlement missed
-      chat.tokens -> ABANDONED -> chat.control
+      reservations + reader heartbeats (Redis) -> ABANDONED -> chat.control
       gateway, RETENTION -> chat.deletions -> PURGE -> audit.purges
 """
 from __future__ import annotations
