@@ -3,8 +3,9 @@
 Settlement may publish one generation's record twice (a crash between Kafka's ack
 and the outbox flag), and a crashed rollup is handed records again. So the day's
 totals live in Cassandra, not in this process: each record writes its generation's
-row in the ``usage_by_generation`` ledger (a second write of it is the same row),
-then ``usage_by_day`` is rewritten with the sums of the day's ledger rows. Nothing
+row in the ``usage_by_generation`` ledger and the day's new totals in one conditional
+batch on the ledger's partition (``Records.count_usage``: O(1) statements, a second
+write of it does not apply), then ``usage_by_day`` is rewritten from those totals. Nothing
 the rollup held in memory decides a total: an in-memory faust table, restored from
 its changelog after a SIGKILL while records were already being handled, once lost a
 reply from a day's row for good.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -51,13 +53,32 @@ RECONCILE_OVERLAP_S = 60.0  # each pass starts this long before the previous one
 FIRST_LOOKBACK_S = 900.0  # the first pass after a start covers the restart that preceded it
 
 
+class Recent:
+    """Generation ids this process saw in the ledger (the last ``keep``): the reconciler re-reads a window of
+    the topic every pass, and asking Cassandra again about each record the agent counted made its cost grow
+    with the requests in the window."""
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self.keep, self.ids = keep, OrderedDict[str, None]()
+
+    def add(self, generation_id: str) -> None:
+        self.ids[generation_id] = None
+        if len(self.ids) > self.keep:
+            self.ids.popitem(last=False)
+
+    def __contains__(self, generation_id: object) -> bool:
+        return generation_id in self.ids
+
+
 class Reconciler:
     """Counts the ``usage`` records of some partitions that the ledger lacks, from a time on."""
 
-    def __init__(self, settings: Settings, records: Records, count: Callable[[UsageRecorded], Awaitable[bool]]) -> None:
+    def __init__(self, settings: Settings, records: Records, count: Callable[[UsageRecorded], Awaitable[bool]],
+                 seen: Recent | None = None) -> None:
         self.settings, self.records, self.count = settings, records, count
         self.topic = Topics(settings.topic_prefix).usage
         self.began: float | None = None
+        self.seen = seen if seen is not None else Recent()
 
     def since(self, now: float) -> float:
         return now - FIRST_LOOKBACK_S if self.began is None else self.began - RECONCILE_OVERLAP_S
@@ -76,10 +97,11 @@ class Reconciler:
                         record = decode(rec.value, (UsageRecorded,))
                     except EventDecodeError:
                         continue  # the agent dead-letters it
-                    if not isinstance(record, UsageRecorded):
+                    if not isinstance(record, UsageRecorded) or record.generation_id in self.seen:
                         continue
                     if await until_stored(ROLE.stage, self.records.usage_counted, record.user_id, record.day,
                                           record.generation_id):
+                        self.seen.add(record.generation_id)
                         continue
                     if await self.count(record):
                         counted += 1
@@ -121,6 +143,7 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
                         value_serializer=CODEC_NAME, key_serializer="raw")
 
     one_at_a_time = asyncio.Lock()
+    seen = Recent()
 
     @app.agent(topic(app, topics, USAGE))
     async def roll_days(stream: faust.StreamT) -> None:
@@ -135,6 +158,7 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
             if counted is None:
                 continue  # dead-lettered
             _, new = counted
+            seen.add(record.generation_id)
             if new:
                 await by_plan.send(key=record.plan.encode(), value=record)
             else:
@@ -146,11 +170,12 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
             _, new = await until_stored(ROLE.stage, records.count_usage, record.user_id, record.day,
                                         record.generation_id, record.tokens_in, record.tokens_out,
                                         record.tokens_cached)
+        seen.add(record.generation_id)
         if new:
             await by_plan.send(key=record.plan.encode(), value=record)
         return new
 
-    reconciler = Reconciler(settings, records, count_missed)
+    reconciler = Reconciler(settings, records, count_missed, seen)
 
     @app.timer(RECONCILE_EVERY_S)
     async def reconcile() -> None:

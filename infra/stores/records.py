@@ -64,24 +64,57 @@ class Records:
 
     async def count_usage(self, user_id: str, day: str, generation_id: str, tokens_in: int, tokens_out: int,
                           tokens_cached: int) -> tuple[UsageDay, bool]:
-        """Count one generation's usage in its (user, day): its ledger row is written (idempotent), then the
-        day's row is rewritten with the sums of the ledger. Returns (the day, whether this generation was new)."""
-        seen = await self.db.execute(
-            "SELECT generation_id FROM usage_by_generation WHERE user_id = ? AND day = ? AND generation_id = ?",
-            (user_id, day, generation_id))
-        if not seen:
-            await self.db.execute(
-                "INSERT INTO usage_by_generation (user_id, day, generation_id, tokens_in, tokens_out, tokens_cached, "
-                "counted_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (user_id, day, generation_id, tokens_in, tokens_out, tokens_cached, datetime.now(UTC)))
+        """Count one generation's usage in its (user, day), in O(1) statements: its ledger row and the day's new
+        totals (static columns of the ledger's partition) are written by one conditional batch, applied only if
+        the row is absent and the totals are as read. The batch is a compare-and-set on a shared aggregate (a
+        redelivery, or the reconciler counting beside the agent), not a guard on a new id. usage_by_day is then
+        rewritten from the totals (absolute values: a crash before it is healed by the redelivery).
+        Returns (the day, whether this generation was new)."""
+        this = (tokens_in, tokens_out, tokens_cached)
+        while True:
+            base, expected = await self._day_totals(user_id, day)
+            total = UsageDay(user_id, day, *(a + b for a, b in zip(base[:3], this, strict=True)), base[3] + 1)
+            if await self._count_once(generation_id, total, this, expected):
+                await self.put_usage_day(total)
+                return total, True
+            # Not applied: counted already (a redelivery), or the totals moved under it (read them again).
+            if await self.usage_counted(user_id, day, generation_id):
+                break
+        base, _ = await self._day_totals(user_id, day)
+        total = UsageDay(user_id, day, *base)
+        await self.put_usage_day(total)
+        return total, False
+
+    async def _day_totals(self, user_id: str, day: str) -> tuple[tuple[int, int, int, int], int | None]:
+        """((in, out, cached, replies), the replies the batch expects to find). A partition counted before the
+        totals existed has ledger rows and null totals: it is summed this once."""
         rows = await self.db.execute(
+            "SELECT day_tokens_in, day_tokens_out, day_tokens_cached, day_replies FROM usage_by_generation "
+            "WHERE user_id = ? AND day = ? LIMIT 1", (user_id, day))
+        if rows and rows[0].day_replies is not None:
+            return (int(rows[0].day_tokens_in or 0), int(rows[0].day_tokens_out or 0),
+                    int(rows[0].day_tokens_cached or 0), int(rows[0].day_replies)), int(rows[0].day_replies)
+        if not rows:
+            return (0, 0, 0, 0), None
+        summed = await self.db.execute(
             "SELECT sum(tokens_in), sum(tokens_out), sum(tokens_cached), count(*) FROM usage_by_generation "
             "WHERE user_id = ? AND day = ?", (user_id, day))
-        tokens_in_sum, tokens_out_sum, cached_sum, replies = rows[0]
-        total = UsageDay(user_id, day, int(tokens_in_sum or 0), int(tokens_out_sum or 0), int(cached_sum or 0),
-                         int(replies or 0))
-        await self.put_usage_day(total)
-        return total, not seen
+        tokens_in, tokens_out, cached, replies = (int(v or 0) for v in summed[0])
+        return (tokens_in, tokens_out, cached, replies), None
+
+    async def _count_once(self, generation_id: str, total: UsageDay, this: tuple[int, int, int],
+                          expected: int | None) -> bool:
+        """The conditional batch: the ledger row if absent, and the totals if their replies are still
+        ``expected`` (None: no totals yet)."""
+        rows = await self.db.atomically([
+            ("INSERT INTO usage_by_generation (user_id, day, generation_id, tokens_in, tokens_out, tokens_cached, "
+             "counted_at) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+             (total.user_id, total.day, generation_id, *this, datetime.now(UTC))),
+            ("UPDATE usage_by_generation SET day_tokens_in = ?, day_tokens_out = ?, day_tokens_cached = ?, "
+             "day_replies = ? WHERE user_id = ? AND day = ? IF day_replies = ?",
+             (total.tokens_in, total.tokens_out, total.tokens_cached, total.replies, total.user_id, total.day,
+              expected))])
+        return bool(rows and rows[0].applied)
 
     async def usage_day(self, user_id: str, day: str) -> UsageDay | None:
         rows = await self.db.execute(

@@ -86,6 +86,13 @@ class AsyncSession:
             batch.add(stmt, params)
         await _bridge(self.session.execute_async(batch))
 
+    async def atomically(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """Several statements as one logged batch (conditional when they carry ``IF``: one partition only)."""
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        for cql, params in statements:
+            batch.add(self.prepare(cql), params)
+        return (await _bridge(self.session.execute_async(batch))).rows
+
     async def page(self, cql: str, params: Sequence[Any] = (), fetch_size: int | None = 50,
                    paging_state: bytes | None = None) -> Page:
         bound = self.prepare(cql).bind(params)

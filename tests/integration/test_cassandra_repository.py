@@ -1,6 +1,7 @@
 """Repository round trips against the real Cassandra, in the test run's keyspace."""
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 from infra.config.settings import Settings
@@ -143,3 +144,18 @@ async def test_usage_is_counted_once_per_generation_from_the_ledger(db) -> None:
 
 def test_migrations_apply_once(stack_settings: Settings) -> None:
     assert apply(stack_settings) == []  # the fixture already applied them; a rerun changes nothing
+
+
+async def test_usage_counts_race_and_legacy_days_exactly(db) -> None:  # type: ignore[no-untyped-def]
+    """The day totals are a compare-and-set: counters racing each other (the agent and the reconciler, a
+    redelivery beside the first delivery) count each generation once; a day counted before the totals existed
+    (ledger rows only) is summed once and then counted on from there."""
+    records, user, day = Records(db), new_id(), "2026-12-01"
+    await db.execute("INSERT INTO usage_by_generation (user_id, day, generation_id, tokens_in, tokens_out, "
+                     "tokens_cached) VALUES (?, ?, 'old', 100, 10, 1)", (user, day))
+    gens = [f"gen-{i}" for i in range(6)]
+    results = await asyncio.gather(*(records.count_usage(user, day, g, 1, 2, 0) for g in gens + gens[:3]))
+    assert sum(new for _, new in results) == 6
+    # Racing writers may leave usage_by_day one count behind; the totals are exact and the next count says so.
+    again, new = await records.count_usage(user, day, gens[0], 1, 2, 0)
+    assert not new and again == UsageDay(user, day, 106, 22, 1, 7) == await records.usage_day(user, day)
