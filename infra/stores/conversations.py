@@ -1,7 +1,8 @@
 """Conversations, the sidebar list, and messages (siblings share turn and parent_id).
 
 Writes are keyed so a retry overwrites the same row: a message by
-(conversation, turn, message_id); a client_message_id claim is ``IF NOT EXISTS``.
+(conversation, turn, message_id); a client_message_id claim is ``IF NOT EXISTS`` (two requests with one
+client_message_id really race: the first must win, the other attach to its generation).
 With a ``Sealer``, message content and titles are stored sealed with the conversation's
 data key and opened on read (a destroyed key reads as no text).
 """

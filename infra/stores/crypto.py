@@ -123,14 +123,13 @@ class DataKeys:
         self._loading: dict[str, asyncio.Future[AESGCM | None]] = {}
 
     async def create(self, conversation_id: str, tenant_id: str) -> AESGCM:
-        """The conversation's key, made now if it has none (a lightweight transaction: one key ever wins)."""
+        """The key of a conversation made now. A plain write, not a lightweight transaction: the only caller
+        (``Conversations.create``) passes an id it has just minted, so no other key can exist to race with."""
         raw = AESGCM.generate_key(256)
         wrapped = self.tenants.wrap(tenant_id, raw, conversation_id.encode())
-        rows = await self.db.execute(
-            "INSERT INTO conversation_keys (conversation_id, tenant_id, wrapped_key, created_at) "
-            "VALUES (?, ?, ?, ?) IF NOT EXISTS", (conversation_id, tenant_id, wrapped, datetime.now(UTC)))
-        if not rows[0].applied:
-            raw = self.tenants.unwrap(rows[0].tenant_id, rows[0].wrapped_key, conversation_id.encode())
+        await self.db.execute(
+            "INSERT INTO conversation_keys (conversation_id, tenant_id, wrapped_key, created_at) VALUES (?, ?, ?, ?)",
+            (conversation_id, tenant_id, wrapped, datetime.now(UTC)))
         key = AESGCM(raw)
         self._cache[conversation_id] = (time.monotonic() + self.cache_s, key)
         return key
