@@ -6,6 +6,7 @@ Shared by ``routes_openai`` (n choices = n jobs) and ``routes_responses``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from producers.gateway import submission
+from producers.gateway.pacing import paced
 from producers.gateway.state import Gateway
 from producers.gateway.streaming import keep_beating
 from producers.gateway.submission import Accepted
@@ -47,15 +49,15 @@ class Job:
         """The generation's events; ``None`` after ``idle_s`` without one (time to check on the client)."""
         for _, event in self.accepted.first:
             yield event
-        while True:
-            try:
-                _, event = await asyncio.wait_for(self.accepted.queue.get(), idle_s)
-            except TimeoutError:
-                yield None
-                continue
-            if self.accepted.watch is not None:
-                self.accepted.watch.seen(event)  # TTFT, tokens/s and how it ended, as for the native routes
-            yield event
+        async with contextlib.aclosing(paced(self.accepted.queue, idle_s)) as items:
+            async for item in items:
+                if item is None:
+                    yield None
+                    continue
+                _, event = item
+                if self.accepted.watch is not None:
+                    self.accepted.watch.seen(event)  # TTFT, tokens/s and how it ended, as for the native routes
+                yield event
 
     def reading(self) -> asyncio.Task[None]:
         gid, every_s = self.generation_id, self.gw.settings.reader_timeout_s / 3
@@ -92,11 +94,9 @@ async def merged(jobs: list[Job], idle_s: float) -> AsyncIterator[tuple[Job, Any
 
     pumps = [asyncio.create_task(pump(j)) for j in jobs]
     try:
-        while True:
-            try:
-                yield await asyncio.wait_for(out.get(), idle_s)
-            except TimeoutError:
-                yield None, None  # type: ignore[misc]
+        async with contextlib.aclosing(paced(out, idle_s)) as items:
+            async for item in items:
+                yield (None, None) if item is None else item  # type: ignore[misc]
     finally:
         for p in pumps:
             p.cancel()

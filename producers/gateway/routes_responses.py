@@ -30,6 +30,7 @@ from producers.gateway import responses_compat as rc
 from producers.gateway import submission
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.jobs import CancelOnLeave, Job
+from producers.gateway.pacing import paced
 from producers.gateway.routes_chat import SSE_HEADERS
 from producers.gateway.sse import BLANK_KEEPALIVE
 from producers.gateway.state import OWNER_TTL_S, Gateway
@@ -208,15 +209,17 @@ async def _events(gw: Gateway, gid: str, follow: bool = True) -> AsyncIterator[A
             last = offset
             yield event
         yield REPLAYED
-        while live is not None:
-            try:
-                offset, event = await asyncio.wait_for(live.get(), gw.keepalive_s)
-            except TimeoutError:
-                yield None
-                continue
-            if offset > last:
-                last = offset
-                yield event
+        if live is None:
+            return
+        async with contextlib.aclosing(paced(live, gw.keepalive_s)) as items:
+            async for item in items:
+                if item is None:
+                    yield None
+                    continue
+                offset, event = item
+                if offset > last:
+                    last = offset
+                    yield event
     finally:
         if live is not None:
             gw.relay.unsubscribe(gid, live)

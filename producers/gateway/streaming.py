@@ -15,6 +15,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from producers.gateway.metrics import OPEN_STREAMS
+from producers.gateway.pacing import paced
 from producers.gateway.relay import Aged, TokenRelay
 from producers.gateway.sse import KEEPALIVE, STOP_REASONS, frame, is_last, to_sse
 from schemas import GenerationStarted, TokensAppended
@@ -85,8 +86,9 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                     for f in snapshot:
                         yield f
                     return
-        async for f in _live(live, last, keepalive_s, watch, seen):
-            yield f
+        async with contextlib.aclosing(_live(live, last, keepalive_s, watch, seen)) as frames:
+            async for f in frames:
+                yield f
     finally:
         OPEN_STREAMS.dec()
         beat.cancel()
@@ -137,29 +139,31 @@ class Recovery:
 
 async def _live(live: asyncio.Queue[tuple[int, Any]], last: int, keepalive_s: float, watch: Recovery,
                 seen: Callable[[Any], None]) -> AsyncIterator[bytes]:
+    """Live events after ``last``; at each tick of the stream's one timer, the ``recovering`` check and,
+    after ``keepalive_s`` of silence, a keep-alive. An event costs a queue put and get, no timer."""
     quiet_since = time.monotonic()
-    while True:
-        try:
-            offset, event = await asyncio.wait_for(live.get(), min(keepalive_s, CHECK_EVERY_S))
-        except TimeoutError:
-            notice = await watch.frame()
-            if notice is not None:
-                yield notice
-            if time.monotonic() - quiet_since >= keepalive_s:
-                quiet_since = time.monotonic()
-                yield KEEPALIVE
-            continue
-        if offset <= last:
-            continue  # already sent during replay
-        if not watch.saw(event):
-            continue
-        seen(event)
-        quiet_since = time.monotonic()
-        for f in to_sse(offset, event):
-            yield f
-        last = offset
-        if is_last(event):
-            return
+    async with contextlib.aclosing(paced(live, min(keepalive_s, CHECK_EVERY_S), every_tick=True)) as items:
+        async for item in items:
+            if item is None:
+                notice = await watch.frame()
+                if notice is not None:
+                    yield notice
+                if time.monotonic() - quiet_since >= keepalive_s:
+                    quiet_since = time.monotonic()
+                    yield KEEPALIVE
+                continue
+            offset, event = item
+            if offset <= last:
+                continue  # already sent during replay
+            if not watch.saw(event):
+                continue
+            seen(event)
+            quiet_since = time.monotonic()
+            for f in to_sse(offset, event):
+                yield f
+            last = offset
+            if is_last(event):
+                return
 
 
 async def keep_beating(heartbeat: Callable[[], Awaitable[None]], every_s: float) -> None:
