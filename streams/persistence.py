@@ -115,10 +115,10 @@ class Persistence:
         if self.search is None:
             return
         user = await self.conversations.get_message(e.conversation_id, e.turn, e.parent_id) if e.parent_id else None
-        if user is not None:
-            await self.search.index(e.user_id, e.conversation_id, user.message_id, e.turn, user.content)
+        entries = [(user.message_id, e.turn, user.content)] if user is not None else []
         if e.text.strip():
-            await self.search.index(e.user_id, e.conversation_id, e.message_id, e.turn, e.text)
+            entries.append((e.message_id, e.turn, e.text))
+        await self.search.index_many(e.user_id, e.conversation_id, entries)  # one statement for the exchange
 
     async def _save_generation(self, e: GenerationFinished) -> None:
         await self.records.save_generation(

@@ -1,16 +1,18 @@
 """Search over one user's conversation titles and messages: a per-user inverted index in Cassandra.
 
 Cassandra 5.0's storage-attached indexes match whole column values only (no tokenizing analyzer;
-that is DataStax's), so words are indexed by hand. Each word of a message or title is one row of
-``search_terms``, partitioned by (user, the word's first two letters) and clustered by the word.
-A query word is a prefix range inside one partition: a search reads one small partition per word,
-on the replicas of that user, never the whole ring, and partitions stay small because a user's
-vocabulary is spread over hundreds of them. Rows are keyed, so indexing again changes nothing.
+that is DataStax's), so words are indexed by hand. Each word prefix of a message or title is one row of
+``search_terms``, partitioned by (user, the conversation's shard: one of ``SHARDS``) and clustered by the
+term. Every row of a conversation lies in one partition, so a message (or a whole exchange) is indexed by
+one single-partition unlogged batch, one statement whatever its length; a query word is a term slice read
+in each of the user's shards (and in its old hash bucket, where rows written before shards live), never the
+whole ring. Rows are keyed, so indexing again changes nothing.
 A retitled conversation leaves its old words behind; hits are checked against the current text.
 
 The index holds no word in clear (message text is sealed everywhere else): a row's term is an
 HMAC-SHA256, under the user's search key from the tenant key store, of (user, word prefix), for each
-prefix of 2 to ``PREFIX_MAX`` letters, and its partition is that hash's first byte. A query word is
+prefix of 2 to ``PREFIX_MAX`` letters (rows written before shards are partitioned by that hash's first
+byte). A query word is
 looked up by the hash of its first ``PREFIX_MAX`` letters and every hit is checked against the message as
 it reads now. Keyed, a term cannot be confirmed by guessing a word and hashing it: that takes the key
 (the master key file, or the KMS). Deleting a conversation removes its rows.
@@ -34,6 +36,7 @@ MAX_WORDS_INDEXED = 400  # of one message: a long reply is found by its first 40
 MAX_QUERY_WORDS = 6
 ROWS_PER_WORD = 2000  # read at most this many hits of one query word
 TITLE = ""  # message_id of a conversation's title row
+SHARDS = tuple(f"s{n}" for n in range(4))  # a user's index partitions; a search reads each, per word
 PREFIX_MAX = 8  # prefixes up to this long are indexed; longer query words are checked against the text
 
 
@@ -66,6 +69,11 @@ def blind(key: bytes, user_id: str, prefix: str) -> tuple[str, str]:
     """(bucket, term) of one word prefix of one user's index, under that user's search key."""
     digest = hmac.new(key, f"{user_id}\x00{prefix}".encode(), hashlib.sha256).hexdigest()
     return digest[:2], digest
+
+
+def shard(conversation_id: str) -> str:
+    """The partition (with the user) of every index row of a conversation: not hex, so never an older bucket."""
+    return SHARDS[int(hashlib.sha256(conversation_id.encode()).hexdigest()[:8], 16) % len(SHARDS)]
 
 
 def terms(key: bytes, user_id: str, word: str) -> list[tuple[str, str]]:
@@ -101,25 +109,32 @@ class SearchIndex:
 
     async def index(self, user_id: str, conversation_id: str, message_id: str, turn: int, text: str) -> None:
         """Index a message (or, with ``message_id=TITLE``, a title); idempotent."""
+        await self.index_many(user_id, conversation_id, [(message_id, turn, text)])
+
+    async def index_many(self, user_id: str, conversation_id: str, entries: list[tuple[str, int, str]]) -> None:
+        """Index (message_id, turn, text) entries of one conversation in one statement: every row of a
+        conversation lies in its shard's partition, and a single-partition unlogged batch is one write on each
+        replica (nor is it held to the batch size limit, which counts multi-partition batches only)."""
         cql = ("INSERT INTO search_terms (user_id, bucket, term, conversation_id, message_id, turn) "
                "VALUES (?, ?, ?, ?, ?, ?)")
-        by_bucket: dict[str, set[str]] = {}
-        for w in words(text):
-            for bucket, term in terms(self.key(user_id), user_id, w):
-                by_bucket.setdefault(bucket, set()).add(term)
-        # One unlogged batch per partition: a single-partition batch is one write on each replica.
-        await asyncio.gather(*(self.db.batch(cql, [(user_id, b, w, conversation_id, message_id, turn) for w in ws])
-                               for b, ws in by_bucket.items()))
+        key, bucket = self.key(user_id), shard(conversation_id)
+        rows = [(user_id, bucket, term, conversation_id, message_id, turn)
+                for message_id, turn, text in entries
+                for term in {t for w in words(text) for _, t in terms(key, user_id, w)}]
+        if rows:
+            await self.db.batch(cql, rows)
 
     async def forget(self, user_id: str, conversation_id: str, texts: list[str]) -> int:
         """Remove a conversation's rows for the words of ``texts`` (its messages and title, read before its key
-        is destroyed); how many words. A range delete per word: (term, conversation_id) prefixes the key."""
+        is destroyed); how many words. A range delete per word: (term, conversation_id) prefixes the key, in
+        the conversation's shard and in the bucket rows written before shards had."""
         found = sorted({w for text in texts for w in words(text)})
         key = self.key(user_id)
         rows = {bt for w in found for bt in terms(key, user_id, w)}
+        places = {(bucket, term) for bucket, term in rows} | {(shard(conversation_id), term) for _, term in rows}
         await asyncio.gather(*(self.db.execute(
             "DELETE FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ? AND conversation_id = ?",
-            (user_id, bucket, term, conversation_id)) for bucket, term in rows))
+            (user_id, bucket, term, conversation_id)) for bucket, term in places))
         return len(found)
 
     async def search(self, user_id: str, query: str, limit: int = 20) -> list[Hit]:
@@ -144,11 +159,12 @@ class SearchIndex:
         return hits
 
     async def _lookup(self, user_id: str, word: str) -> dict[tuple[str, str], int]:
+        """The word's hits in every shard of the user's index, and in its bucket of rows written before shards."""
         bucket, term = blind(self.key(user_id), user_id, word[:PREFIX_MAX])
-        rows = await self.db.execute(
+        found = await asyncio.gather(*(self.db.execute(
             "SELECT conversation_id, message_id, turn FROM search_terms WHERE user_id = ? AND bucket = ? "
-            f"AND term = ? LIMIT {ROWS_PER_WORD}", (user_id, bucket, term))
-        return {(r.conversation_id, r.message_id): r.turn for r in rows}
+            f"AND term = ? LIMIT {ROWS_PER_WORD}", (user_id, b, term)) for b in (bucket, *SHARDS)))
+        return {(r.conversation_id, r.message_id): r.turn for rows in found for r in rows}
 
     async def _check(self, user_id: str, conversation_id: str, message_id: str, turn: int,
                      wanted: list[str]) -> Hit | None:

@@ -22,7 +22,7 @@ from infra.stores.crypto import DataKeys, LocalTenantKeys
 from infra.stores.purging import mark_deleted
 from infra.stores.records import Records, Summary
 from infra.stores.sealing import Sealer
-from infra.stores.search import SearchIndex, blind
+from infra.stores.search import SearchIndex, blind, shard
 from schemas import ConversationDeleted, ConversationPurged, decode, new_id
 from topics import Topics
 from topics.clients import make_consumer, make_producer, send
@@ -109,7 +109,8 @@ async def test_delete_hides_at_once_and_the_purge_leaves_nothing(settings: Setti
     assert PHRASE.format(0) in {m.content for m in await Conversations(db, sealer).all_messages(cid)}
 
     conversations = Conversations(db, sealer)
-    zebra = blind(sealer.keys.tenants.index_key(user), user, "zebra")  # keyed: only the key holder can compute it
+    _, term = blind(sealer.keys.tenants.index_key(user), user, "zebra")  # keyed: only the key holder can compute it
+    zebra = (shard(cid), term)  # every row of a conversation is in its shard
     assert await db.execute("SELECT * FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ?",
                             (user, *zebra))  # indexed (blind) while it lived
     cancelled = await mark_deleted(conversations, sealer.keys, redis_client, cid, user)

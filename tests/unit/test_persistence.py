@@ -44,8 +44,8 @@ async def test_an_api_conversation_is_saved_but_neither_indexed_nor_titled() -> 
         def __init__(self) -> None:
             self.indexed: list[str] = []
 
-        async def index(self, user_id: str, conversation_id: str, message_id: str, turn: int, text: str) -> None:
-            self.indexed.append(message_id)
+        async def index_many(self, user_id: str, conversation_id: str, entries: list[tuple[str, int, str]]) -> None:
+            self.indexed += [message_id for message_id, _, _ in entries]
 
     convs = FakeConversations(dataclasses.replace(conversation(), source="api"))
     index, records = Index(), FakeRecords()
