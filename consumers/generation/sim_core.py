@@ -179,7 +179,8 @@ class SimCore:
             return StepResult(0.0, tuple(done), 0, 0)
         # 4. price the step, then advance every scheduled sequence by what it computed
         scheduled = [s for s in self.running if id(s) in plan]
-        prefill = sum(n for s in scheduled if (n := plan[id(s)]) > 1 or s.computed < len(s.prompt))
+        # prefill: every token computed beyond the one a decode computes (the last one, which makes the next)
+        prefill = sum(n for s in scheduled if not ((n := plan[id(s)]) == 1 and s.computed == s.tokens - 1))
         duration = self._step_s(scheduled, plan, prefill)
         self.now += duration
         outputs = list(done)
@@ -209,10 +210,10 @@ class SimCore:
     def _admit(self, plan: dict[int, int], budget: int) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             _, _, seq = self.waiting[0]
-            if seq.landed:  # the KV came over the network: place it whole, compute nothing
+            if seq.landed:  # the KV came over the network: place it whole; its first decode step makes a token
                 if not self._allocate(seq, len(seq.prompt)):
                     break
-                seq.computed, seq.landed = len(seq.prompt), False
+                seq.computed, seq.landed = len(seq.prompt) - 1, False
                 self._register_full_blocks(seq)
             elif seq.computed == 0:
                 self._use_cached_prefix(seq)

@@ -22,12 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from consumers.generation.engine import EngineStats, RequestRejected, StepOutput, render_chat
+from consumers.generation.engine import EngineDead, EngineStats, RequestRejected, StepOutput, render_chat
 from consumers.generation.sampling import GREEDY, Sampling
 from consumers.generation.sim_core import SimCore, SimSequence
 from schemas.sampling import TokenLogprob, TopLogprob
@@ -47,6 +48,8 @@ PASSAGE = (
     "build. In the meantime, people have learned to read the river as their grandparents did, watching the "
     "colour of the water and the height of the reeds, and moving their boats before the rain arrives. "
 )
+log = logging.getLogger(__name__)
+DEAD = StepOutput(request_id="", token_ids=(), text="", finished=True, finish_reason="error")  # the loop died
 LOGPROB = -0.25  # what a confident model gives its sampled token; alternatives get less
 
 
@@ -104,6 +107,7 @@ class SimEngine:
         self._logprobs: dict[str, int] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._dead: EngineDead | None = None
         self.load_seconds = 0.0
         self.steps = 0
         self.tokens = 0
@@ -129,6 +133,8 @@ class SimEngine:
 
     async def generate(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
                        priority: int = 0, sampling: Sampling = GREEDY) -> AsyncIterator[StepOutput]:
+        if self._dead is not None:
+            raise self._dead
         if len(prompt_token_ids) + 1 > self.pool.max_model_len or max_tokens < 1:
             raise RequestRejected(f"prompt of {len(prompt_token_ids)} tokens and {max_tokens} to generate do "
                                   f"not fit the model's context of {self.pool.max_model_len}")
@@ -146,6 +152,8 @@ class SimEngine:
         try:
             while not finished:
                 out = await queue.get()
+                if out is DEAD:
+                    raise self._dead or EngineDead(f"the {self.pool.name} simulated engine stopped")
                 finished = out.finished
                 yield out
         finally:
@@ -186,6 +194,15 @@ class SimEngine:
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"sim-engine-{self.pool.name}")
 
     async def _run(self) -> None:
+        try:
+            await self._steps()
+        except Exception as exc:  # noqa: BLE001 - a fault of the simulator ends every sequence, loudly
+            log.exception("simulated engine of pool %s stopped", self.pool.name)
+            self._dead = EngineDead(f"the {self.pool.name} simulated engine stopped: {type(exc).__name__}: {exc}")
+            for queue in self._queues.values():
+                queue.put_nowait(DEAD)
+
+    async def _steps(self) -> None:
         assert self._wake is not None
         deadline = time.monotonic()
         while True:

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from infra.config.settings import CONFIG_DIR, Settings
+from infra.config.settings import CONFIG_DIR, Settings, env_var
 
 KEYSPACE = "parley_loadtest"
 QUOTA = {"daily_tokens": 10**10, "bucket_tokens_per_minute": 10**10, "bucket_burst": 10**10, "max_running": 10**6,
@@ -157,10 +157,10 @@ def prepare(spec: ServiceSpec, root: Path, keyspace: str = KEYSPACE) -> PrivateS
     (log_dir / "plans.toml").write_text(plans_toml())
     base = Settings.from_env()
     settings = base.with_(topic_prefix=prefix, keyspace=keyspace, pools_file=log_dir / "pools.toml",
-                          plans_file=log_dir / "plans.toml")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_POOL_")}
-    env.update(PARLEY_TOPIC_PREFIX=prefix, PARLEY_KEYSPACE=keyspace, PARLEY_POOLS_FILE=str(settings.pools_file),
-               PARLEY_PLANS_FILE=str(settings.plans_file), PARLEY_LOG_FORMAT="json", PYTHONUNBUFFERED="1")
+                          plans_file=log_dir / "plans.toml", log_format="json", pool_overrides=())
+    # The private service's own settings, whole: nothing of the caller's (a pool override) leaks in.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(env_var(""))}
+    env.update(settings.to_env(), PYTHONUNBUFFERED="1")
     return PrivateService(spec, settings, env, log_dir)
 
 

@@ -92,6 +92,19 @@ def test_disaggregated_prefill_keeps_decode_steps_clean_and_hands_over_in_about_
     assert max(s.duration_s for s in steps) < 0.019
 
 
+def test_disaggregated_sequences_of_any_length_decode_whole_beside_each_other() -> None:
+    c = core(SimConfig(prefill="disaggregated"))
+    for n in (15, 16, 17, 31, 32, 47, 100):  # prompts ending on, before and after a block boundary
+        c.add(f"p{n}", prompt(n, start=n * 1000), reply=list(range(40)), finish_reason="stop")
+    produced: dict[str, int] = {}
+    while not c.idle:
+        if (landing := c.next_event_s()) is not None:
+            c.advance_idle(landing - c.now)
+        for out in c.step().outputs:
+            produced[out.seq.request_id] = produced.get(out.seq.request_id, 0) + len(out.token_ids)
+    assert produced == {f"p{n}": 40 for n in (15, 16, 17, 31, 32, 47, 100)} and c.blocks.used == 0
+
+
 def test_a_second_turn_reuses_the_first_turns_blocks() -> None:
     c = core()
     first = prompt(300)

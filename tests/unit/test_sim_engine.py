@@ -107,3 +107,19 @@ async def test_its_own_cpu_and_steps_are_counted_apart() -> None:
     assert stats["tokens"] > 8 * 19 and stats["steps"] >= 20 and stats["cpu_seconds"] > 0
     assert stats["virtual_seconds"] > 0
     await e.close()
+
+
+async def test_a_fault_in_the_simulator_ends_every_stream_with_engine_dead_not_a_hang() -> None:
+    from consumers.generation.engine import EngineDead
+
+    e = engine()
+
+    def broken() -> None:
+        raise IndexError("a simulator fault")
+
+    e.core.step = broken  # type: ignore[method-assign]
+    with pytest.raises(EngineDead, match="simulated engine stopped"):
+        await asyncio.wait_for(collect(e, "a", [1, 2]), 5)
+    with pytest.raises(EngineDead):
+        await collect(e, "b", [3])
+    await e.close()
