@@ -90,12 +90,22 @@ def prefill(knobs: Knobs) -> list[Step]:
     variants: list[tuple[str, dict[str, Any]]] = [("unchunked", {"prefill_chunk": 0}),
                                                  ("chunked 256", {"prefill_chunk": 256}),
                                                  ("disaggregated", {"prefill": "disaggregated"})]
-    return [Step(label, ServiceSpec({"large": SimPool(workers=1, max_num_seqs=183, sim=sim), "small": SMALL}), load)
+    # A record per engine step, so the client's gaps show each step's stutter (a flush window would hide it).
+    return [Step(label, ServiceSpec({"large": SimPool(workers=1, max_num_seqs=183, sim=sim, flush_ms=0.0),
+                                     "small": SMALL}), load)
             for label, sim in variants]
 
 
+def tokens(knobs: Knobs) -> list[Step]:
+    """The replica's load with a record per engine step (the baseline) and with the shipped flush window."""
+    load = _shape(Load((Phase(60, 4.0),), drain_s=90), knobs)
+    return [Step(label, ServiceSpec({"large": replace(REPLICA, flush_ms=flush), "small": SMALL}), load)
+            for label, flush in (("a record per step", 0.0), ("flush 100 ms", None))]
+
+
 SCENARIOS: dict[str, Callable[[Knobs], list[Step]]] = {
-    "replica": replica, "stages": stages, "gateway": gateway, "spike": spike, "prefill": prefill}
+    "replica": replica, "stages": stages, "gateway": gateway, "spike": spike, "prefill": prefill,
+    "tokens": tokens}
 
 
 PIPELINE_GROUPS = ("admission", "prompt", "scheduler", "settlement", "persistence")
