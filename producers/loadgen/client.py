@@ -24,11 +24,12 @@ class Frame:
     received: float
     event: str
     data: Any
+    id: int | None = None  # the event's id: the Kafka offset of its record
 
 
 def parse_frame(raw: bytes, received: float) -> Frame | None:
     """One SSE frame (the bytes between blank lines); None for comments and keep-alives."""
-    event, data = "message", []
+    event, data, id_ = "message", [], None
     for line in raw.decode().split("\n"):
         if not line or line.startswith(":"):
             continue
@@ -38,7 +39,9 @@ def parse_frame(raw: bytes, received: float) -> Frame | None:
             event = value
         elif name == "data":
             data.append(value)
-    return Frame(received, event, orjson.loads("\n".join(data))) if data else None
+        elif name == "id":
+            id_ = int(value)
+    return Frame(received, event, orjson.loads("\n".join(data)), id_) if data else None
 
 
 async def frames(response: httpx.Response) -> AsyncIterator[Frame]:

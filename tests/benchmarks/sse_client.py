@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from producers.loadgen.client import Frame
+from producers.loadgen.client import parse_frame as _parse
 
 
 class HttpError(Exception):
@@ -17,28 +19,6 @@ class HttpError(Exception):
         self.status, self.body = status, body
 
 
-@dataclass
-class Frame:
-    received: float
-    event: str
-    data: Any
-    id: int | None
-
-
-def _parse(raw: bytes, received: float) -> Frame | None:
-    event, data, id_ = "message", [], None
-    for line in raw.decode().split("\n"):
-        if not line or line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "event":
-            event = value
-        elif name == "data":
-            data.append(value)
-        elif name == "id":
-            id_ = int(value)
-    return Frame(received, event, orjson.loads("\n".join(data)), id_) if data else None
 
 
 class SseStream:

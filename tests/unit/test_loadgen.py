@@ -105,5 +105,5 @@ def test_error_events_and_frames() -> None:
     on_frame(Frame(1.0, "error", {"code": "queue_full", "retry_after_s": 4}), r)
     assert not r.ok and r.error == "queue_full" and r.retry_after_s == 4
 
-    assert parse_frame(b"id: 7\nevent: delta\ndata: {\"text\": \"x\"}", 1.0) == Frame(1.0, "delta", {"text": "x"})
+    assert parse_frame(b"id: 7\nevent: delta\ndata: {\"text\": \"x\"}", 1.0) == Frame(1.0, "delta", {"text": "x"}, 7)
     assert parse_frame(b": keep-alive", 1.0) is None
