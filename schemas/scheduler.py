@@ -26,8 +26,9 @@ class GenerationQueued(Event, frozen=True, kw_only=True):
     model: str
     lane: Lane
     position: int
-    estimated_wait_s: float
+    estimated_wait_s: float  # to the first token, from ``at``; counted down by the client between revisions
     message_id: str = ""
+    revision: int = 0  # 0: the scheduler's decision; 1, 2, ...: a newer estimate while the request still waits
 
 
 class GenerationRequested(Event, frozen=True, kw_only=True):

@@ -1,55 +1,99 @@
-"""Pure queue logic of the scheduler: lane backlogs, service rate, wait estimates, routing.
+"""Pure queue logic of the scheduler: what each pool's workers hold, each lane's FIFO, routing, revisions.
 
-The queue itself is the ``generate.<pool>.<lane>`` topics; this module keeps the
-counts needed to estimate a newcomer's wait (queue length / service rate) and
-decides where it goes: its pool, the small pool on overflow, or a refusal.
+The queue itself is the ``generate.<pool>.<lane>`` topics; this module mirrors it to tell a newcomer its place
+and wait (``estimate``), to decide where it goes (its pool, the small pool on overflow, or a refusal), and to
+say which waiting requests were shown a wait that, counted down, is no longer true.
+
+The mirror follows the workers' own rule: a worker holds up to its slots, takes the paid lane first and each
+lane in order. A request is ``running`` once the mirror has a slot for it (at once, or when a reply ends),
+``waiting`` until then; its position is the count of waiting requests ahead of it plus one.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from consumers.scheduler.estimate import Completion, Pace, ServiceHistory
 from schemas.scheduler import LANES  # paid is served first
+
+REVISE_OFF_S = 3.0  # a shown wait, counted down, this far off (and a quarter) is sent again
+REVISE_GAP_S = 5.0  # never sooner than this after the last one shown to the same request
 
 
 @dataclass
 class PoolLoad:
-    capacity: int  # sequences the pool's replicas run at once
-    outstanding: dict[str, dict[str, str]] = field(default_factory=lambda: {lane: {} for lane in LANES})
-    completions: deque[float] = field(default_factory=deque)
-    prior_rate: float = 1.0  # replies/s assumed before any completion has been seen
+    history: ServiceHistory
+    running: dict[str, float] = field(default_factory=dict)  # generation id -> when it got a slot, oldest first
+    waiting: dict[str, dict[str, float]] = field(default_factory=lambda: {lane: {} for lane in LANES})
+    arrivals: dict[str, deque[float]] = field(default_factory=lambda: {lane: deque() for lane in LANES})
 
-    def waiting(self, lane: str) -> int:
-        """Requests of ``lane`` not yet running: everything past the engine's capacity, paid first."""
-        paid = len(self.outstanding["paid"])
-        if lane == "paid":
-            return max(0, paid - self.capacity)
-        return max(0, paid + len(self.outstanding["free"]) - self.capacity) - max(0, paid - self.capacity)
+    @classmethod
+    def of(cls, slots: int, prior_held_s: float = 20.0) -> PoolLoad:
+        return cls(ServiceHistory(slots, prior_held_s))
 
-    def ahead_of_new(self, lane: str) -> int:
-        ahead = self.waiting("paid")
-        if lane == "free":
-            ahead += self.waiting("free")
-        return ahead
+    def pace(self, now: float) -> Pace:
+        """The pool's pace, and every slot that freed meanwhile given to the head of the queue."""
+        oldest = next(iter(self.running.values()), now)
+        pace = self.history.pace(now, now - oldest)
+        for lane in LANES:
+            queue = self.waiting[lane]
+            while queue and len(self.running) < pace.capacity:
+                generation_id = next(iter(queue))
+                del queue[generation_id]
+                self.running[generation_id] = now
+        return pace
 
-    def busy(self) -> bool:
-        return sum(len(o) for o in self.outstanding.values()) >= self.capacity
+    def enqueue(self, generation_id: str, lane: str, now: float) -> None:
+        if generation_id in self.running or any(generation_id in q for q in self.waiting.values()):
+            return  # a redelivery: already in place
+        self.waiting[lane][generation_id] = now
+        self.arrivals[lane].append(now)
+        self.pace(now)
 
-    def rate(self, now: float, window_s: float = 60.0) -> float:
-        while self.completions and self.completions[0] < now - window_s:
-            self.completions.popleft()
-        if len(self.completions) < 3:
-            return self.prior_rate
-        span = max(now - self.completions[0], 1.0)
-        return max(len(self.completions) / span, 0.01)
+    def inflow_above(self, lane: str, now: float) -> float:
+        """Requests a second queued over the last window in the lanes served before ``lane``."""
+        window = self.history.window_s
+        count = 0
+        for above in LANES[: LANES.index(lane)]:  # type: ignore[arg-type]
+            seen = self.arrivals[above]
+            while seen and seen[0] < now - window:
+                seen.popleft()
+            count += len(seen)
+        return count / window
+
+    def finish(self, generation_id: str) -> bool:
+        """Frees its slot (or its place); False if it was not here."""
+        if self.running.pop(generation_id, None) is not None:
+            return True
+        return any(q.pop(generation_id, None) is not None for q in self.waiting.values())
+
+    def position_of_new(self, lane: str, capacity: int) -> int:
+        """0 when a slot is free now; else the waiting requests of ``lane`` and higher lanes, plus one."""
+        if len(self.running) < capacity:
+            return 0
+        return sum(len(self.waiting[ln]) for ln in LANES[: LANES.index(lane) + 1]) + 1  # type: ignore[arg-type]
+
+    def positions(self) -> Iterator[tuple[str, str, int]]:
+        """Each waiting request, its lane and its position, paid lane first."""
+        ahead = 0
+        for lane in LANES:
+            for generation_id in self.waiting[lane]:
+                ahead += 1
+                yield generation_id, lane, ahead
 
     def estimate_wait(self, lane: str, now: float) -> tuple[int, float]:
-        """(position, seconds): 0 when a slot is free now."""
-        if not self.busy():
-            return 0, 0.0
-        position = self.ahead_of_new(lane) + 1
-        return position, position / self.rate(now)
+        """(position, seconds to the first token): 0 when a slot is free now."""
+        pace = self.pace(now)
+        position = self.position_of_new(lane, pace.capacity)
+        return position, pace.wait_s(position, self.inflow_above(lane, now))
+
+
+@dataclass(frozen=True)
+class Shown:
+    at: float
+    wait_s: float
 
 
 @dataclass(frozen=True)
@@ -71,6 +115,7 @@ class Queues:
     def __init__(self, pools: dict[str, PoolLoad], overflow_pool: str = "small") -> None:
         self.pools, self.overflow_pool = pools, overflow_pool
         self.where: dict[str, tuple[str, str]] = {}  # generation_id -> (pool, lane)
+        self.told: dict[str, Shown] = {}  # generation_id -> the wait its client was last shown
 
     def route(self, pool: str, lane: str, limit_s: float, reason: str, now: float | None = None,
               can_overflow: bool = True) -> Route | Refuse:
@@ -86,14 +131,42 @@ class Queues:
         return Refuse(wait, f"Every model is busy: the wait would be about {wait:.0f} s, over this plan's "
                             f"limit of {limit_s:.0f} s. Try again in a moment.")
 
-    def enqueued(self, generation_id: str, pool: str, lane: str) -> None:
-        self.pools[pool].outstanding[lane][generation_id] = lane
+    def enqueued(self, generation_id: str, pool: str, lane: str, now: float | None = None) -> None:
+        self.pools[pool].enqueue(generation_id, lane, time.time() if now is None else now)
         self.where[generation_id] = (pool, lane)
 
-    def finished(self, generation_id: str, now: float | None = None) -> None:
+    def shown(self, generation_id: str, wait_s: float, now: float | None = None) -> None:
+        """The client was told ``wait_s``: from now on it counts down."""
+        self.told[generation_id] = Shown(time.time() if now is None else now, wait_s)
+
+    def finished(self, generation_id: str, completion: Completion | None = None, pool: str | None = None) -> None:
+        """A reply ended: its slot frees, and its times join its pool's history (a reply another scheduler
+        queued still says how long the pool's replies take)."""
+        self.told.pop(generation_id, None)
         placed = self.where.pop(generation_id, None)
-        if placed is None:
-            return  # not ours (another scheduler instance, or before a restart)
-        pool, lane = placed
-        self.pools[pool].outstanding[lane].pop(generation_id, None)
-        self.pools[pool].completions.append(time.time() if now is None else now)
+        if placed is not None:
+            self.pools[placed[0]].finish(generation_id)
+        load = self.pools.get(placed[0] if placed else pool or "")
+        if completion is None or load is None:
+            return
+        if placed is not None or completion.held_s > 0:
+            load.history.record(Completion(completion.at, completion.held_s, completion.first_token_s,
+                                           ours=placed is not None))
+
+    def revised(self, now: float | None = None) -> list[tuple[str, int, float]]:
+        """(generation id, position, wait) of each waiting request whose shown wait, counted down, is off by
+        more than REVISE_OFF_S and a quarter; each is marked shown again."""
+        now = time.time() if now is None else now
+        out = []
+        for load in self.pools.values():
+            pace = load.pace(now)
+            inflow: dict[str, float] = {lane: load.inflow_above(lane, now) for lane in LANES}
+            for generation_id, lane, position in load.positions():
+                told = self.told.get(generation_id)
+                if told is None or now - told.at < REVISE_GAP_S:
+                    continue
+                wait = pace.wait_s(position, inflow[lane])
+                if abs(wait - (told.wait_s - (now - told.at))) > max(REVISE_OFF_S, 0.25 * wait):
+                    self.told[generation_id] = Shown(now, wait)
+                    out.append((generation_id, position, wait))
+        return out

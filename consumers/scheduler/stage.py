@@ -2,26 +2,34 @@
 ``GenerationRequested`` on ``generate.<pool>.<lane>`` and ``GenerationQueued`` on ``chat.tokens``
 (or ``RequestRefused`` when every pool is past the plan's wait limit).
 
-Follows ``chat.replies`` to learn the service rate. Picks the partition (the replica)
-by consistent hashing on the conversation, so follow-up turns find their prefix cache,
-unless that replica's queue is much longer than the others'.
+Follows ``chat.replies`` to learn each pool's pace (``estimate``): how long a reply holds a worker's slot and
+how long its first token takes. Tells a queued client its position and wait once, and again only when that
+wait, counted down, is no longer true (``GenerationQueued`` with a higher ``revision``: at most one record per
+waiting request per REVISE_GAP_S, none while the first one holds). Picks the partition (the replica) by
+consistent hashing on the conversation, so follow-up turns find their prefix cache, unless that replica's
+queue is much longer than the others'.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
 from collections.abc import Coroutine
 from typing import Any
 
+import msgspec
+from aiokafka.errors import KafkaError
 from prometheus_client import Counter as PromCounter
 
 from consumers.deadlines import late, mark_queued
 from consumers.scheduler.canned import CANNED_MODEL, CANNED_POOL, CannedReplies
+from consumers.scheduler.estimate import Completion
 from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
 from consumers.stage import Out, Stage
 from infra.config.plans import Plan
 from infra.config.settings import Settings
+from infra.stores.crypto import KeyGone
 from infra.stores.finished import FinishedReplies
 from infra.stores.quota import Quota
 from infra.stores.sealing import Sealer
@@ -39,7 +47,7 @@ from schemas.prompt import PoolPrompt
 from schemas.scheduler import LANE_PRIORITY
 from topics import GENERATE, Role, Topics
 from topics.catalogue import DEADLETTER, PROMPTS, REPLIES, SCHEDULER, TOKENS
-from topics.clients import make_consumer
+from topics.clients import enqueue, make_consumer
 from topics.partitioning import partition_for
 
 log = logging.getLogger(__name__)
@@ -48,6 +56,7 @@ log = logging.getLogger(__name__)
 DECISIONS = PromCounter("parley_scheduler_decisions",
                         "each request's route: routed, overflow (to small), canned (a prepared reply) or refused",
                         ["plan", "pool", "outcome"])
+REVISE_EVERY_S = 1.0  # how often waiting requests' shown waits are checked (no record unless one is off)
 HOT_REPLICA_MARGIN = 4  # requests more than the least-loaded replica before affinity gives way
 # Reads chat.replies without a group (every scheduler hears every completion); writes a finished reply itself
 # when it serves a prepared one.
@@ -63,6 +72,7 @@ class Scheduler:
         self.redis = redis  # the queued marks (None: every late record is dropped)
         self.partition_load: dict[str, Counter[int]] = {}
         self.placed: dict[str, tuple[str, int]] = {}
+        self.queued: dict[str, GenerationQueued] = {}  # what each waiting client was told, to revise it
 
     async def handle(self, p: PromptBuilt) -> list[Out]:
         if await late(p.deadline, p.generation_id, self.redis):
@@ -93,18 +103,20 @@ class Scheduler:
         self.queues.enqueued(p.generation_id, decision.pool, decision.lane)
         self.placed[p.generation_id] = (topic, partition)
         self.partition_load.setdefault(topic, Counter())[partition] += 1
-        model = self.models[decision.pool]
         outcome = "overflow" if decision.reason == "overflow" else "routed"
         DECISIONS.labels(plan=p.plan, pool=p.pool, outcome=outcome).inc()
         log.info("generation %s -> %s[%d] position %d wait %.1fs (%s)", p.generation_id, topic, partition,
                  decision.position, decision.wait_s, decision.reason,
                  extra={"generation_id": p.generation_id, "plan": p.plan, "pool": decision.pool, "lane": decision.lane})
+        queued = GenerationQueued(
+            generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
+            pool=decision.pool, model=self.models[decision.pool], lane=decision.lane,  # type: ignore[arg-type]
+            position=decision.position, estimated_wait_s=round(decision.wait_s, 1), message_id=p.assistant_message_id)
+        if decision.position > 0:
+            self.queued[p.generation_id] = queued
+            self.queues.shown(p.generation_id, decision.wait_s)
         return [
-            Out(self.topics.tokens, GenerationQueued(
-                generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
-                pool=decision.pool, model=model, lane=decision.lane,  # type: ignore[arg-type]
-                position=decision.position, estimated_wait_s=round(decision.wait_s, 1),
-                message_id=p.assistant_message_id), p.generation_id),
+            Out(self.topics.tokens, queued, p.generation_id),
             Out(topic, GenerationRequested(
                 generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
                 plan=p.plan, pool=decision.pool, lane=decision.lane,  # type: ignore[arg-type]
@@ -152,11 +164,25 @@ class Scheduler:
         coolest = min(range(n), key=lambda i: load[i])
         return coolest if load[home] - load[coolest] > HOT_REPLICA_MARGIN else home
 
-    def finished(self, generation_id: str) -> None:
-        self.queues.finished(generation_id)
+    def finished(self, generation_id: str, completion: Completion | None = None, pool: str | None = None) -> None:
+        self.queued.pop(generation_id, None)
+        self.queues.finished(generation_id, completion, pool)
         placed = self.placed.pop(generation_id, None)
         if placed:
             self.partition_load[placed[0]][placed[1]] -= 1
+
+    def revisions(self, now: float | None = None) -> list[Out]:
+        """A new ``queued`` event for each waiting client whose shown wait, counted down, is no longer true."""
+        outs = []
+        for generation_id, position, wait in self.queues.revised(now):
+            told = self.queued.get(generation_id)
+            if told is None:
+                continue
+            told = msgspec.structs.replace(told, position=position, estimated_wait_s=round(wait, 1),
+                                           revision=told.revision + 1, at=time.time() if now is None else now)
+            self.queued[generation_id] = told
+            outs.append(Out(self.topics.tokens, told, generation_id))
+        return outs
 
     async def _refuse(self, p: PromptBuilt, status: int, message: str, retry_after: float | None) -> list[Out]:
         """Refuse after the prompt build saved the user message: the reservation and the running slot go
@@ -184,8 +210,7 @@ class SchedulerStage(Stage):
     def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any], redis: Any = None,
                  sealer: Sealer | None = None) -> None:
         topics = Topics(settings.topic_prefix)
-        queues = Queues({name: PoolLoad(capacity=cfg.max_num_seqs, prior_rate=max(cfg.max_num_seqs / 20, 0.1))
-                         for name, cfg in pools.items()})
+        queues = Queues({name: PoolLoad.of(cfg.held_requests) for name, cfg in pools.items()})
         quota = Quota.configured(redis, plans, settings) if redis is not None else None
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
                                    CannedReplies.load(settings.canned_file), quota,
@@ -193,7 +218,24 @@ class SchedulerStage(Stage):
         super().__init__(ROLE, settings, (PromptBuilt,), self.scheduler.handle, sealer=sealer)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._follow_replies()]
+        return [self._follow_replies(), self._revise()]
+
+    async def _revise(self) -> None:
+        """Every REVISE_EVERY_S: the revised waits, their acks awaited once per round and their errors let go
+        (a lost one is superseded by the next revision; the client counts down the last it got meanwhile)."""
+        while not self.stopping:
+            await self.idle(REVISE_EVERY_S)
+            acks = []
+            for out in self.scheduler.revisions():
+                try:
+                    sealed = await self._sealed([out])
+                    acks += [await enqueue(self.producer, o.topic, o.event, o.key, o.partition) for o in sealed]
+                except KeyGone:
+                    continue  # the conversation was deleted meanwhile: nobody left to tell
+                except KafkaError as exc:
+                    log.info("revised waits not sent this round: %s", type(exc).__name__)
+                    break
+            await asyncio.gather(*acks, return_exceptions=True)
 
     async def _follow_replies(self) -> None:
         consumer = make_consumer(self.settings.kafka_bootstrap, self.topics.replies, group_id=None,
@@ -205,9 +247,18 @@ class SchedulerStage(Stage):
                     event = decode(record.value, (GenerationFinished,))
                 except EventDecodeError:
                     continue  # the persistence stage dead-letters it
-                self.scheduler.finished(event.generation_id)  # type: ignore[attr-defined]
+                if isinstance(event, GenerationFinished):
+                    self.scheduler.finished(event.generation_id, completion_of(event), event.pool)
         finally:
             await consumer.stop()
+
+
+def completion_of(event: GenerationFinished, now: float | None = None) -> Completion:
+    """A reply's times in its worker (taken -> first token, taken -> ended), from the worker's own clock."""
+    taken = event.started_at
+    return Completion(at=time.time() if now is None else now,
+                      held_s=max(event.at - taken, 0.0) if taken > 0 else 0.0,
+                      first_token_s=max(event.first_token_at - taken, 0.0) if taken > 0 < event.first_token_at else 0.0)
 
 
 def alternates_of(p: PromptBuilt) -> list[PoolPrompt]:

@@ -101,6 +101,13 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     def kv_cache_bytes(self) -> int:
         return int(self.kv_cache_gib * 2**30)
 
+    @property
+    def held_requests(self) -> int:
+        """Requests one worker holds at once: a few more than the engine runs wait inside it, so a finished
+        sequence's slot is refilled in the engine's next step instead of after a Kafka fetch (the engine's
+        priority keeps paid first). The scheduler counts the same slots to place a request in the queue."""
+        return self.max_num_seqs + max(1, self.max_num_seqs // 8)
+
 
 def load_pools(settings: Settings, *, on_gpu: bool | None = None) -> dict[str, PoolConfig]:
     """Every pool, file values merged with environment overrides; raises PoolConfigError."""

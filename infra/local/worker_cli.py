@@ -19,13 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
                         help="Prometheus /metrics port (default: the pool's metrics_port; 0: any free one)")
     parser.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on")
     parser.add_argument("--capacity", type=int, default=None,
-                        help="requests held at once (default: max_num_seqs and an eighth more, at least one)")
-
-
-def held_requests(max_num_seqs: int) -> int:
-    """A few requests more than the engine runs wait inside it, so a finished sequence's slot is refilled in
-    the engine's next step instead of after a Kafka fetch (the engine's priority keeps paid first)."""
-    return max_num_seqs + max(1, max_num_seqs // 8)
+                        help="requests held at once (default: max_num_seqs and an eighth more)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +42,7 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
     cluster, session = connect(settings)  # the data keys: prompts arrive sealed, tokens leave sealed
     engine = SimEngine.for_pool(pool) if pool.engine == "sim" else VllmEngine(pool)  # type: ignore[attr-defined,arg-type]
     limits = Limits(pool.name, pool.served_model_name, pool.max_model_len)  # type: ignore[attr-defined]
-    worker = GenerationWorker(settings, limits, engine, args.capacity or held_requests(pool.max_num_seqs),  # type: ignore[attr-defined]
+    worker = GenerationWorker(settings, limits, engine, args.capacity or pool.held_requests,  # type: ignore[attr-defined]
                               metrics_port=pool.metrics_port if args.metrics_port is None  # type: ignore[attr-defined]
                               else args.metrics_port, metrics_host=args.metrics_host, classifier=classifier,
                               sealer=configured(settings, AsyncSession(session)),

@@ -1,6 +1,7 @@
 """Server-Sent Events framing, and the mapping from token-buffer events to the client's events."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
@@ -36,11 +37,15 @@ def to_sse(offset: int, event: object) -> list[bytes]:
             data["logprobs"] = msgspec.to_builtins(event.logprobs)
         return [frame("delta", data, offset)]
     if isinstance(event, GenerationQueued):
-        frames = [frame("message_start", {"message_id": event.message_id, "generation_id": event.generation_id,
-                                          "model": event.model, "pool": event.pool}, offset, RECONNECT_MS)]
-        if event.position > 0:
+        # A revision (a newer wait while the request still waits) is a `queued` event alone: the reply started
+        # once.
+        frames = [] if event.revision else [
+            frame("message_start", {"message_id": event.message_id, "generation_id": event.generation_id,
+                                    "model": event.model, "pool": event.pool}, offset, RECONNECT_MS)]
+        if event.position > 0:  # the wait left now: a replay after a reload does not start the count again
+            left = event.estimated_wait_s - max(0.0, time.time() - event.at)
             frames.append(frame("queued", {"position": event.position,
-                                           "estimated_wait_s": event.estimated_wait_s}, offset))
+                                           "estimated_wait_s": round(max(left, 0.0), 1)}, offset))
         return frames
     if isinstance(event, GenerationFinished):
         frames = []

@@ -57,7 +57,7 @@ async def test_the_scheduler_never_queues_a_late_request_and_ends_it_failed_at_z
     done = outs[0].event
     assert isinstance(done, GenerationFinished) and done.status == "failed" and done.usage.completion_tokens == 0
     assert done.usage.prompt_tokens == 0 and done.reserved_tokens == 12 and "nothing was charged" in done.reason
-    assert scheduler.queues.pools["large"].outstanding["free"] == {}
+    assert scheduler.queues.pools["large"].running == {} and scheduler.queues.pools["large"].waiting["free"] == {}
     on_time = await scheduler.handle(msgspec.structs.replace(_prompt(), deadline=time.time() + 60))
     assert on_time[1].topic == "t.generate.large.free"
 

@@ -40,7 +40,7 @@ class FakeQuota:
 
 def _scheduler(busy: bool, busy_pools: tuple[str, ...] = ("large", "small"),
                quota: FakeQuota | None = None) -> Scheduler:
-    queues = Queues({"large": PoolLoad(1, prior_rate=0.01), "small": PoolLoad(1, prior_rate=0.01)})
+    queues = Queues({"large": PoolLoad.of(1, prior_held_s=100), "small": PoolLoad.of(1, prior_held_s=100)})
     if busy:
         for pool in busy_pools:
             for i in range(3):
@@ -97,8 +97,27 @@ async def test_no_prompt_for_the_small_pool_means_no_overflow_and_the_refusal_fr
 async def test_a_finished_reply_frees_its_place_in_the_queue() -> None:
     scheduler = _scheduler(busy=False)
     await scheduler.handle(_prompt("story"))
-    assert scheduler.queues.pools["large"].outstanding["free"] == {"g": "free"}
+    assert list(scheduler.queues.pools["large"].running) == ["g"]
     scheduler.finished("g")  # what the follower of chat.replies calls for every GenerationFinished
-    assert scheduler.queues.pools["large"].outstanding["free"] == {}
+    assert scheduler.queues.pools["large"].running == {}
     refused = await _scheduler(busy=True, busy_pools=("large",)).handle(_prompt("story"))
     assert refused[1].event.status == "failed"
+
+
+async def test_a_queued_client_is_told_again_when_its_countdown_is_off() -> None:
+    queues = Queues({"large": PoolLoad.of(1, prior_held_s=20), "small": PoolLoad.of(1, prior_held_s=20)})
+    queues.enqueued("running", "large", "free")  # the one slot is taken: a paid newcomer waits about 20 s
+    scheduler = Scheduler(Topics("t."), queues, load_plans(), {"large": "L", "small": "S"}, None, None, FakeReplies())
+    outs = await scheduler.handle(_prompt("story", plan="paid"))
+    first = outs[0].event
+    assert isinstance(first, GenerationQueued) and first.position == 1 and first.revision == 0
+    told_at = scheduler.queues.told["g"].at
+    assert scheduler.revisions(now=told_at + 2) == []  # never sooner than REVISE_GAP_S
+    # No reply has ended in 10 s: the wait is still 20 s, not the 10 s the client's countdown shows.
+    [again] = scheduler.revisions(now=told_at + 10)
+    revised = again.event
+    assert again.topic == "t.chat.tokens" and again.key == "g" and isinstance(revised, GenerationQueued)
+    assert revised.revision == 1 and revised.position == 1 and revised.estimated_wait_s == 20.0
+    assert (revised.model, revised.message_id, revised.lane) == (first.model, first.message_id, "paid")
+    scheduler.finished("g")
+    assert scheduler.revisions(now=told_at + 60) == [] and "g" not in scheduler.queued

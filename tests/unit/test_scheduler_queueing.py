@@ -1,8 +1,13 @@
+from consumers.scheduler.estimate import Completion
 from consumers.scheduler.queueing import PoolLoad, Queues, Refuse, Route
 
 
-def _queues(large_cap: int = 2, small_cap: int = 2) -> Queues:
-    return Queues({"large": PoolLoad(large_cap), "small": PoolLoad(small_cap)})
+def _queues(large_cap: int = 2, small_cap: int = 2, prior_held_s: float = 20.0) -> Queues:
+    return Queues({"large": PoolLoad.of(large_cap, prior_held_s), "small": PoolLoad.of(small_cap, prior_held_s)})
+
+
+def _ended(q: Queues, generation_id: str, at: float, held_s: float, first_token_s: float = 0.0) -> None:
+    q.finished(generation_id, Completion(at, held_s, first_token_s), "large")
 
 
 def test_free_slot_means_no_wait() -> None:
@@ -13,45 +18,89 @@ def test_free_slot_means_no_wait() -> None:
 def test_paid_waits_only_behind_paid() -> None:
     q = _queues(large_cap=1)
     for i in range(3):
-        q.enqueued(f"f{i}", "large", "free")
-    q.enqueued("p0", "large", "paid")
+        q.enqueued(f"f{i}", "large", "free", now=0)
+    q.enqueued("p0", "large", "paid", now=0)
     load = q.pools["large"]
-    assert load.ahead_of_new("paid") == 0  # the paid one runs in the single slot; free ones wait behind it
-    assert load.ahead_of_new("free") == 3
-    paid = q.route("large", "paid", 30, "default", now=0)
-    free = q.route("large", "free", 30, "default", now=0)
+    assert list(load.running) == ["f0"]  # the worker took the first one; the rest wait, paid first
+    assert list(load.positions()) == [("p0", "paid", 1), ("f1", "free", 2), ("f2", "free", 3)]
+    assert load.position_of_new("paid", 1) == 2 and load.position_of_new("free", 1) == 4
+    paid = q.route("large", "paid", 300, "default", now=0)
+    free = q.route("large", "free", 300, "default", now=0)
     assert isinstance(paid, Route) and isinstance(free, Route) and paid.position < free.position
 
 
-def test_wait_is_queue_length_over_measured_rate() -> None:
+def test_wait_is_position_over_the_slots_rate_plus_the_first_token() -> None:
+    q = _queues(large_cap=2)
+    for i in range(5):  # five replies that each held a slot 10 s, their first token 1 s after being taken
+        q.enqueued(f"d{i}", "large", "free", now=i)
+        _ended(q, f"d{i}", at=10 + i, held_s=10, first_token_s=1)
+    for i in range(5):
+        q.enqueued(f"w{i}", "large", "free", now=20)
+    position, wait = q.pools["large"].estimate_wait("free", now=20)
+    assert position == 4  # two running, three waiting ahead
+    assert abs(wait - (4 / (2 / 10) + 1)) < 1e-9
+
+
+def test_a_free_request_moves_at_what_the_paid_lane_leaves() -> None:
     q = _queues(large_cap=1)
-    for i in range(10):  # ten completions over 9 s: about 1.1 per second
-        q.enqueued(f"d{i}", "large", "free")
-        q.finished(f"d{i}", now=100 + i)
-    for i in range(6):
-        q.enqueued(f"w{i}", "large", "free")
-    position, wait = q.pools["large"].estimate_wait("free", now=109)
-    assert position == 6
-    assert abs(wait - 6 / (10 / 9)) < 1e-6
+    for i in range(15):  # 0.25 paid requests a second over the last minute, each 2 s: 0.5 replies a second
+        q.enqueued(f"p{i}", "large", "paid", now=i * 4)
+        _ended(q, f"p{i}", at=i * 4 + 2, held_s=2)
+    q.enqueued("busy", "large", "free", now=58)
+    _, wait = q.pools["large"].estimate_wait("free", now=59)
+    assert abs(wait - 1 / (0.5 - 0.25)) < 1e-9
+
+
+def test_before_three_replies_end_a_reply_lasts_at_least_as_long_as_the_oldest_running() -> None:
+    q = _queues(large_cap=1, prior_held_s=5.0)
+    q.enqueued("old", "large", "free", now=0)
+    q.enqueued("next", "large", "free", now=0)
+    assert q.pools["large"].estimate_wait("free", now=1)[1] == 2 * 5.0
+    assert q.pools["large"].estimate_wait("free", now=40)[1] == 2 * 40.0  # not done after 40 s: the prior was wrong
+
+
+def test_more_replies_than_one_replica_can_end_mean_more_replicas() -> None:
+    q = _queues(large_cap=4)
+    for i in range(48):  # 48 replies in the last minute, 10 s each: 8 held at once, two replicas of 4 slots
+        q.enqueued(f"d{i}", "large", "free", now=i * 1.25)
+        _ended(q, f"d{i}", at=10 + i * 1.25, held_s=10)
+    pace = q.pools["large"].pace(now=70)
+    assert pace.capacity == 8 and abs(pace.rate - 0.8) < 1e-9
 
 
 def test_overflow_to_small_then_refusal() -> None:
-    q = _queues(large_cap=1, small_cap=1)
-    q.pools["large"].prior_rate = q.pools["small"].prior_rate = 0.1
-    q.enqueued("a", "large", "free")
-    q.enqueued("b", "large", "free")  # large is busy with a queue: a newcomer waits 20 s at 0.1/s
+    q = _queues(large_cap=1, small_cap=1, prior_held_s=10.0)  # 0.1 replies a second
+    q.enqueued("a", "large", "free", now=0)
+    q.enqueued("b", "large", "free", now=0)  # large is busy with a queue: a newcomer waits 20 s at 0.1/s
     routed = q.route("large", "free", 10, "default", now=0)
     assert isinstance(routed, Route) and routed.pool == "small" and routed.reason == "overflow"
-    q.enqueued("c", "small", "free")
-    q.enqueued("d", "small", "free")
+    q.enqueued("c", "small", "free", now=0)
+    q.enqueued("d", "small", "free", now=0)
     refused = q.route("large", "free", 10, "default", now=0)
     assert isinstance(refused, Refuse) and refused.wait_s > 10 and "limit of 10 s" in refused.message
 
 
 def test_unknown_finish_is_ignored_and_known_one_frees_the_slot() -> None:
     q = _queues(large_cap=1)
-    q.enqueued("x", "large", "paid")
+    q.enqueued("x", "large", "paid", now=0)
     q.finished("nope")
-    assert q.pools["large"].busy()
+    assert list(q.pools["large"].running) == ["x"]
     q.finished("x")
-    assert not q.pools["large"].busy()
+    assert q.pools["large"].running == {}
+
+
+def test_a_redelivered_request_keeps_its_one_place() -> None:
+    q = _queues(large_cap=1)
+    for generation_id in ("a", "b", "b"):
+        q.enqueued(generation_id, "large", "free", now=0)
+    assert list(q.pools["large"].positions()) == [("b", "free", 1)]
+
+
+def test_a_reply_queued_elsewhere_teaches_its_times_but_not_the_rate() -> None:
+    q = _queues(large_cap=1)
+    for i in range(3):
+        q.finished(f"other{i}", Completion(at=10, held_s=4, first_token_s=1), "large")
+    q.finished("refused", Completion(at=10, held_s=0, first_token_s=0), "large")  # never taken: nothing to learn
+    history = q.pools["large"].history
+    assert [c.ours for c in history.completions] == [False] * 3
+    assert history.held_s() == 4 and history.first_token_s() == 1

@@ -185,21 +185,25 @@ export class Chat {
   follow(conversationId, reply) {
     const id = reply.generation_id;
     const update = (changes) => { Object.assign(reply, changes); this.paint(reply); };
+    const wait = countdown((text) => update({ notice: reply.content ? "" : text }));
+    const settle = (changes) => { wait.stop(); update(changes); };
     const handle = follow(id, {
       start: (d) => update({ model: d.model, pool: d.pool }),
-      queued: (d) => update({ notice: reply.content ? "" : queuedText(d) }),
+      // The first estimate, and a newer one whenever the service finds the countdown off.
+      queued: (d) => { if (!reply.content) wait.start(d); },
       // A worker died mid-reply; the next delta (from the worker taking over) clears this notice.
-      recovering: (d) => update({ notice: d.message || "Reconnecting to another worker…" }),
-      delta: (text) => update({ notice: "", content: reply.content + text }),
-      snapshot: (text) => update({ notice: "", content: text }),
+      recovering: (d) => settle({ notice: d.message || "Reconnecting to another worker…" }),
+      delta: (text) => settle({ notice: "", content: reply.content + text }),
+      snapshot: (text) => settle({ notice: "", content: text }),
       // The output check withdrew the reply: what was shown goes, the notice stays in its place.
-      retracted: (notice) => update({ notice, content: "", status: "blocked" }),
-      error: (d) => update({ notice: d.message || "The model could not answer. Try regenerating." }),
+      retracted: (notice) => settle({ notice, content: "", status: "blocked" }),
+      error: (d) => settle({ notice: d.message || "The model could not answer. Try regenerating." }),
       state: (link) => {
         update({ link });
         if (link === "lost") this.hooks.lost(); // perhaps signed out: a stream can't say 401
       },
       end: (d) => {
+        wait.stop();
         this.followers.delete(id);
         Object.assign(reply, { status: DONE[d.stop_reason] || "complete", usage: d.usage, link: "live" });
         if (this.stopping === id) this.stopping = null;
@@ -207,7 +211,8 @@ export class Chat {
         this.hooks.replied(conversationId);
       },
     });
-    this.followers.set(id, { handle, conversationId });
+    const close = () => { wait.stop(); handle.close(); };
+    this.followers.set(id, { handle: { close }, conversationId });
   }
 
   closeAll() {
@@ -316,7 +321,25 @@ export class Chat {
   }
 }
 
-function queuedText({ position, estimated_wait_s: wait }) {
-  const eta = wait >= 1 ? `, about ${Math.round(wait)} s` : "";
-  return `Queued: ${position === 1 ? "next" : `number ${position}`} in line${eta}.`;
+// A queued reply's wait, counted down each second between the estimates the service sends.
+function countdown(show) {
+  let timer = null;
+  const stop = () => { clearInterval(timer); timer = null; };
+  const start = ({ position, estimated_wait_s: wait }) => {
+    stop();
+    const until = Date.now() + wait * 1000;
+    const tick = () => show(queuedText(position, wait, (until - Date.now()) / 1000));
+    tick();
+    timer = setInterval(tick, 1000);
+  };
+  return { start, stop };
+}
+
+function queuedText(position, wait, left) {
+  // The place moves down with the wait. Seconds for the last 20, steps of 5 before: the notice is a status line
+  // that a screen reader reads out, so it should not change every second for a minute.
+  const place = wait > 0 ? Math.max(1, Math.ceil((position * Math.max(left, 0)) / wait)) : position;
+  const seconds = left > 20 ? Math.ceil(left / 5) * 5 : Math.ceil(left);
+  const eta = left >= 1 ? `, about ${seconds} s` : ", starting any moment";
+  return `Queued: ${place === 1 ? "next" : `number ${place}`} in line${eta}.`;
 }
