@@ -124,3 +124,16 @@ def test_log_format_auto_is_text_on_a_terminal_and_json_in_a_file() -> None:
 
     assert logs.use_json("auto", io.StringIO()) and not logs.use_json("auto", Tty())
     assert logs.use_json("json", Tty()) and not logs.use_json("text", io.StringIO())
+
+
+def test_a_queued_reply_records_its_real_wait_less_the_wait_it_was_shown() -> None:
+    before = _sample("parley_gateway_queued_wait_error_seconds_count", plan="free", pool="large")
+    under = _sample("parley_gateway_queued_wait_error_seconds_bucket", plan="free", pool="large", le="-4.0")
+    watch = ReplyWatch("free", "large")
+    watch.seen(GenerationQueued(generation_id="g", conversation_id="c", user_id="u", pool="large", model="m",
+                                lane="free", position=3, estimated_wait_s=30.0, message_id="m"))
+    watch.seen(GenerationQueued(generation_id="g", conversation_id="c", user_id="u", pool="large", model="m",
+                                lane="free", position=1, estimated_wait_s=5.0, message_id="m", revision=1))
+    watch.seen(_tokens("Hi"))  # at once: 30 s shorter than first shown
+    assert _sample("parley_gateway_queued_wait_error_seconds_count", plan="free", pool="large") == before + 1
+    assert _sample("parley_gateway_queued_wait_error_seconds_bucket", plan="free", pool="large", le="-4.0") == under + 1
