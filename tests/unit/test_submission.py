@@ -10,7 +10,7 @@ from aiokafka.errors import KafkaTimeoutError
 from infra.config.settings import Settings
 from infra.stores.accounts import User
 from producers.gateway import submission
-from schemas import MessageSubmitted
+from schemas import GenerationQueued, MessageSubmitted
 from topics import Topics
 
 
@@ -69,3 +69,24 @@ async def test_a_produce_that_fails_releases_the_request_and_cancels_it() -> Non
     assert gw.quota.released == [("g", "gateway", "u", "free")]
     assert gw.producer.sent == ["t.chat.requests", "t.chat.control"]
     assert gw.relay.subscribed == set()
+
+
+async def test_a_request_queued_with_a_wait_longer_than_the_decision_deadline_is_accepted_not_503() -> None:
+    # The deadline is for the stages before the queue to decide; once queued, the shown wait (here 25 s, a paid
+    # plan's, past the 0.2 s deadline) is the client's to wait or cancel, and no 503 follows.
+    gw = _Gateway()
+    gw.settings = Settings(admission_wait_s=0.2)
+    gw.producer.send_and_wait = _ok  # type: ignore[method-assign]
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    gw.relay.subscribe = lambda gid: queue  # type: ignore[method-assign]
+    queue.put_nowait((4, GenerationQueued(generation_id="g", conversation_id="c", user_id="u", pool="large",
+                                          model="L", lane="paid", position=9, estimated_wait_s=25.0)))
+    request = MessageSubmitted(generation_id="g", conversation_id="c", user_id="u", plan="paid", message_id="m",
+                               client_message_id="cm", content="hi")
+    accepted = await submission.submit(gw, User("u", "paid"), request)  # type: ignore[arg-type]
+    await asyncio.sleep(0.5)  # well past the deadline: nothing was given up
+    assert [type(e).__name__ for _, e in accepted.first] == ["GenerationQueued"] and gw.quota.released == []
+
+
+async def _ok(topic: str, value: bytes, key: bytes, partition: Any = None) -> None:
+    return None
