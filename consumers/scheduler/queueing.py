@@ -4,14 +4,15 @@ The queue itself is the ``generate.<pool>.<lane>`` topics; this module mirrors i
 and wait (``estimate``), to decide where it goes (its pool, the small pool on overflow, or a refusal), and to
 say which waiting requests were shown a wait that, counted down, is no longer true.
 
-The mirror follows the workers' own rule: a worker holds up to its slots, takes the paid lane first and each
-lane in order. A request is ``running`` once the mirror has a slot for it (at once, or when a reply ends),
-``waiting`` until then; its position is the count of waiting requests ahead of it plus one.
+The mirror follows the workers' own rule: a worker holds up to ``held_requests``, takes the paid lane first and
+each lane in order. A request is ``running`` once the mirror has a worker slot for it (at once, or when a reply
+ends), ``waiting`` in Kafka until then. Its position counts what is ahead of it past the engines' sequences:
+the held requests beyond them (they wait inside the engine) and the waiting ones ahead, plus one.
 """
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -25,24 +26,27 @@ REVISE_GAP_S = 5.0  # never sooner than this after the last one shown to the sam
 @dataclass
 class PoolLoad:
     history: ServiceHistory
-    running: dict[str, float] = field(default_factory=dict)  # generation id -> when it got a slot, oldest first
+    held: int  # requests one replica's worker holds (its engine's sequences and the few waiting inside it)
+    running: dict[str, tuple[float, str]] = field(default_factory=dict)  # id -> (when a worker took it, lane)
+    running_in: Counter[str] = field(default_factory=Counter)  # lane -> how many of ``running``
     waiting: dict[str, dict[str, float]] = field(default_factory=lambda: {lane: {} for lane in LANES})
     arrivals: dict[str, deque[float]] = field(default_factory=lambda: {lane: deque() for lane in LANES})
 
     @classmethod
-    def of(cls, slots: int, prior_held_s: float = 20.0) -> PoolLoad:
-        return cls(ServiceHistory(slots, prior_held_s))
+    def of(cls, seqs: int, held: int | None = None, prior_s: float = 20.0) -> PoolLoad:
+        return cls(ServiceHistory(seqs, prior_s), held or seqs)
 
     def pace(self, now: float) -> Pace:
-        """The pool's pace, and every slot that freed meanwhile given to the head of the queue."""
-        oldest = next(iter(self.running.values()), now)
+        """The pool's pace, and every worker slot that freed meanwhile given to the head of the queue."""
+        oldest = next(iter(self.running.values()), (now, ""))[0]
         pace = self.history.pace(now, now - oldest)
         for lane in LANES:
             queue = self.waiting[lane]
-            while queue and len(self.running) < pace.capacity:
+            while queue and len(self.running) < pace.replicas * self.held:
                 generation_id = next(iter(queue))
                 del queue[generation_id]
-                self.running[generation_id] = now
+                self.running[generation_id] = (now, lane)
+                self.running_in[lane] += 1
         return pace
 
     def enqueue(self, generation_id: str, lane: str, now: float) -> None:
@@ -65,28 +69,42 @@ class PoolLoad:
 
     def finish(self, generation_id: str) -> bool:
         """Frees its slot (or its place); False if it was not here."""
-        if self.running.pop(generation_id, None) is not None:
+        taken = self.running.pop(generation_id, None)
+        if taken is not None:
+            self.running_in[taken[1]] -= 1
             return True
         return any(q.pop(generation_id, None) is not None for q in self.waiting.values())
 
-    def position_of_new(self, lane: str, capacity: int) -> int:
-        """0 when a slot is free now; else the waiting requests of ``lane`` and higher lanes, plus one."""
-        if len(self.running) < capacity:
-            return 0
-        return sum(len(self.waiting[ln]) for ln in LANES[: LANES.index(lane) + 1]) + 1  # type: ignore[arg-type]
+    def in_engine_queue(self, lane: str, seqs: int) -> int:
+        """Held requests waiting inside the engines that go before a newcomer of ``lane``: the engine starts
+        higher lanes first, so its waiting ones are the lower lanes' as far as they go."""
+        waiting, lower = max(0, len(self.running) - seqs), 0
+        for ln in LANES[LANES.index(lane) + 1:]:  # type: ignore[arg-type]
+            lower += self.running_in[ln]
+        return max(0, waiting - lower)
 
-    def positions(self) -> Iterator[tuple[str, str, int]]:
-        """Each waiting request, its lane and its position, paid lane first."""
-        ahead = 0
+    def position_of_new(self, lane: str, seqs: int) -> int:
+        """0 when an engine sequence is free now; else the requests that go before it (waiting inside an engine
+        or in Kafka, in ``lane`` and higher lanes), plus one."""
+        if len(self.running) < seqs:
+            return 0
+        above = LANES[: LANES.index(lane) + 1]  # type: ignore[arg-type]
+        return self.in_engine_queue(lane, seqs) + sum(len(self.waiting[ln]) for ln in above) + 1
+
+    def positions(self, seqs: int) -> Iterator[tuple[str, str, int]]:
+        """Each request still in Kafka, its lane and its position, paid lane first."""
+        in_kafka = 0
         for lane in LANES:
+            ahead = self.in_engine_queue(lane, seqs) + in_kafka
             for generation_id in self.waiting[lane]:
                 ahead += 1
                 yield generation_id, lane, ahead
+            in_kafka += len(self.waiting[lane])
 
     def estimate_wait(self, lane: str, now: float) -> tuple[int, float]:
         """(position, seconds to the first token): 0 when a slot is free now."""
         pace = self.pace(now)
-        position = self.position_of_new(lane, pace.capacity)
+        position = self.position_of_new(lane, pace.seqs)
         return position, pace.wait_s(position, self.inflow_above(lane, now))
 
 
@@ -161,7 +179,7 @@ class Queues:
         for load in self.pools.values():
             pace = load.pace(now)
             inflow: dict[str, float] = {lane: load.inflow_above(lane, now) for lane in LANES}
-            for generation_id, lane, position in load.positions():
+            for generation_id, lane, position in load.positions(pace.seqs):
                 told = self.told.get(generation_id)
                 if told is None or now - told.at < REVISE_GAP_S:
                     continue

@@ -210,7 +210,7 @@ class SchedulerStage(Stage):
     def __init__(self, settings: Settings, plans: dict[str, Plan], pools: dict[str, Any], redis: Any = None,
                  sealer: Sealer | None = None) -> None:
         topics = Topics(settings.topic_prefix)
-        queues = Queues({name: PoolLoad.of(cfg.held_requests) for name, cfg in pools.items()})
+        queues = Queues({name: PoolLoad.of(cfg.max_num_seqs, cfg.held_requests) for name, cfg in pools.items()})
         quota = Quota.configured(redis, plans, settings) if redis is not None else None
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
                                    CannedReplies.load(settings.canned_file), quota,

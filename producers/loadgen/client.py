@@ -106,9 +106,9 @@ def on_frame(frame: Frame, record: RequestRecord) -> bool:
         record.chars += len(data.get("text", ""))
     elif frame.event == "message_start":
         record.generation_id, record.model, record.pool = data["generation_id"], data["model"], data.get("pool", "")
-    elif frame.event == "queued":
-        record.queued_position, record.shown_wait_s = data["position"], data["estimated_wait_s"]
-        record.queued_at = frame.received
+    elif frame.event == "queued" and record.queued_at is None:  # the first wait shown is the one judged;
+        record.queued_position, record.shown_wait_s = data["position"], data["estimated_wait_s"]  # revisions
+        record.queued_at = frame.received  # after it would flatter the figure
     elif frame.event == "error":
         record.error = str(data.get("code") or "error")
         record.retry_after_s = data.get("retry_after_s")

@@ -40,7 +40,7 @@ class FakeQuota:
 
 def _scheduler(busy: bool, busy_pools: tuple[str, ...] = ("large", "small"),
                quota: FakeQuota | None = None) -> Scheduler:
-    queues = Queues({"large": PoolLoad.of(1, prior_held_s=100), "small": PoolLoad.of(1, prior_held_s=100)})
+    queues = Queues({"large": PoolLoad.of(1, prior_s=100), "small": PoolLoad.of(1, prior_s=100)})
     if busy:
         for pool in busy_pools:
             for i in range(3):
@@ -105,7 +105,7 @@ async def test_a_finished_reply_frees_its_place_in_the_queue() -> None:
 
 
 async def test_a_queued_client_is_told_again_when_its_countdown_is_off() -> None:
-    queues = Queues({"large": PoolLoad.of(1, prior_held_s=20), "small": PoolLoad.of(1, prior_held_s=20)})
+    queues = Queues({"large": PoolLoad.of(1, prior_s=20), "small": PoolLoad.of(1, prior_s=20)})
     queues.enqueued("running", "large", "free")  # the one slot is taken: a paid newcomer waits about 20 s
     scheduler = Scheduler(Topics("t."), queues, load_plans(), {"large": "L", "small": "S"}, None, None, FakeReplies())
     outs = await scheduler.handle(_prompt("story", plan="paid"))

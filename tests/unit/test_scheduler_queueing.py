@@ -2,8 +2,8 @@ from consumers.scheduler.estimate import Completion
 from consumers.scheduler.queueing import PoolLoad, Queues, Refuse, Route
 
 
-def _queues(large_cap: int = 2, small_cap: int = 2, prior_held_s: float = 20.0) -> Queues:
-    return Queues({"large": PoolLoad.of(large_cap, prior_held_s), "small": PoolLoad.of(small_cap, prior_held_s)})
+def _queues(large_cap: int = 2, small_cap: int = 2, prior_s: float = 20.0) -> Queues:
+    return Queues({"large": PoolLoad.of(large_cap, prior_s=prior_s), "small": PoolLoad.of(small_cap, prior_s=prior_s)})
 
 
 def _ended(q: Queues, generation_id: str, at: float, held_s: float, first_token_s: float = 0.0) -> None:
@@ -22,7 +22,7 @@ def test_paid_waits_only_behind_paid() -> None:
     q.enqueued("p0", "large", "paid", now=0)
     load = q.pools["large"]
     assert list(load.running) == ["f0"]  # the worker took the first one; the rest wait, paid first
-    assert list(load.positions()) == [("p0", "paid", 1), ("f1", "free", 2), ("f2", "free", 3)]
+    assert list(load.positions(1)) == [("p0", "paid", 1), ("f1", "free", 2), ("f2", "free", 3)]
     assert load.position_of_new("paid", 1) == 2 and load.position_of_new("free", 1) == 4
     paid = q.route("large", "paid", 300, "default", now=0)
     free = q.route("large", "free", 300, "default", now=0)
@@ -52,7 +52,7 @@ def test_a_free_request_moves_at_what_the_paid_lane_leaves() -> None:
 
 
 def test_before_three_replies_end_a_reply_lasts_at_least_as_long_as_the_oldest_running() -> None:
-    q = _queues(large_cap=1, prior_held_s=5.0)
+    q = _queues(large_cap=1, prior_s=5.0)
     q.enqueued("old", "large", "free", now=0)
     q.enqueued("next", "large", "free", now=0)
     assert q.pools["large"].estimate_wait("free", now=1)[1] == 2 * 5.0
@@ -65,11 +65,11 @@ def test_more_replies_than_one_replica_can_end_mean_more_replicas() -> None:
         q.enqueued(f"d{i}", "large", "free", now=i * 1.25)
         _ended(q, f"d{i}", at=10 + i * 1.25, held_s=10)
     pace = q.pools["large"].pace(now=70)
-    assert pace.capacity == 8 and abs(pace.rate - 0.8) < 1e-9
+    assert (pace.replicas, pace.seqs) == (2, 8) and abs(pace.rate - 0.8) < 1e-9
 
 
 def test_overflow_to_small_then_refusal() -> None:
-    q = _queues(large_cap=1, small_cap=1, prior_held_s=10.0)  # 0.1 replies a second
+    q = _queues(large_cap=1, small_cap=1, prior_s=10.0)  # 0.1 replies a second
     q.enqueued("a", "large", "free", now=0)
     q.enqueued("b", "large", "free", now=0)  # large is busy with a queue: a newcomer waits 20 s at 0.1/s
     routed = q.route("large", "free", 10, "default", now=0)
@@ -93,7 +93,7 @@ def test_a_redelivered_request_keeps_its_one_place() -> None:
     q = _queues(large_cap=1)
     for generation_id in ("a", "b", "b"):
         q.enqueued(generation_id, "large", "free", now=0)
-    assert list(q.pools["large"].positions()) == [("b", "free", 1)]
+    assert list(q.pools["large"].positions(1)) == [("b", "free", 1)]
 
 
 def test_a_reply_queued_elsewhere_teaches_its_times_but_not_the_rate() -> None:
@@ -103,4 +103,16 @@ def test_a_reply_queued_elsewhere_teaches_its_times_but_not_the_rate() -> None:
     q.finished("refused", Completion(at=10, held_s=0, first_token_s=0), "large")  # never taken: nothing to learn
     history = q.pools["large"].history
     assert [c.ours for c in history.completions] == [False] * 3
-    assert history.held_s() == 4 and history.first_token_s() == 1
+    assert history.prefill_s() == 1 and history.service_s(history.prefill_s()) == 4
+
+
+def test_requests_waiting_inside_the_engine_count_and_paid_goes_before_free_ones_there() -> None:
+    q = Queues({"large": PoolLoad.of(2, held=3)})  # the engine runs 2; the worker holds a third, waiting in it
+    for generation_id in ("f0", "f1", "f2"):
+        q.enqueued(generation_id, "large", "free", now=0)
+    load = q.pools["large"]
+    assert len(load.running) == 3 and load.position_of_new("free", 2) == 2  # f2 waits in the engine, then it
+    assert load.position_of_new("paid", 2) == 1  # the engine starts a paid request before f2
+    q.enqueued("p0", "large", "paid", now=0)
+    q.enqueued("f3", "large", "free", now=0)
+    assert list(load.positions(2)) == [("p0", "paid", 1), ("f3", "free", 3)]
