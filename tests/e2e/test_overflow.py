@@ -24,7 +24,7 @@ from tests.e2e.test_chat import history, new_conversation, saved_reply
 
 PLANS = Path(__file__).with_name("data") / "plans-overflow.toml"
 LATE = 12  # users for step 4's attempts
-FREE_LIMIT_S = 5.0  # plans-overflow.toml; the scheduler assumes 0.1 replies/s per sequence before it has seen any
+FREE_LIMIT_S = 5.0  # plans-overflow.toml; before any reply ends the scheduler takes one to last 20 s
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
         first = await asyncio.wait_for(started.get(), 60)
         assert first[0].event == "message_start" and first[0].data["pool"] == "large"
 
-        # 2. Paid still queues on its own pool (10 s estimated, under its 30 s limit) and is told so.
+        # 2. Paid still queues on its own pool (20 s estimated, under its 30 s limit) and is told so.
         held.append(asyncio.create_task(_hold(client, users["payer"], "Describe a busy harbour.", "queued", started)))
         paid = await asyncio.wait_for(started.get(), 60)
         assert paid[0].data["pool"] == "large"
