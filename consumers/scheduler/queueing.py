@@ -15,12 +15,16 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 from consumers.scheduler.estimate import Completion, Pace, ServiceHistory
 from schemas.scheduler import LANES  # paid is served first
 
 REVISE_OFF_S = 3.0  # a shown wait, counted down, this far off (and a quarter) is sent again
 REVISE_GAP_S = 5.0  # never sooner than this after the last one shown to the same request
+# A request held or waiting this long has ended unheard (its finish lost, or published before a restart):
+# forgotten, so it does not stand in every later request's position for good. Reservations expire in 5 minutes.
+FORGET_S = 900.0
 
 
 @dataclass
@@ -54,18 +58,29 @@ class PoolLoad:
             return  # a redelivery: already in place
         self.waiting[lane][generation_id] = now
         self.arrivals[lane].append(now)
+        self._forget_arrivals(lane, now)
         self.pace(now)
+
+    def _forget_arrivals(self, lane: str, now: float) -> None:
+        seen = self.arrivals[lane]
+        while seen and seen[0] < now - self.history.window_s:
+            seen.popleft()
 
     def inflow_above(self, lane: str, now: float) -> float:
         """Requests a second queued over the last window in the lanes served before ``lane``."""
-        window = self.history.window_s
         count = 0
         for above in LANES[: LANES.index(lane)]:  # type: ignore[arg-type]
-            seen = self.arrivals[above]
-            while seen and seen[0] < now - window:
-                seen.popleft()
-            count += len(seen)
-        return count / window
+            self._forget_arrivals(above, now)
+            count += len(self.arrivals[above])
+        return count / self.history.window_s
+
+    def forget(self, before: float) -> None:
+        """Drops requests taken or queued before ``before`` (each dict is oldest first)."""
+        for generation_id, _ in list(takewhile(lambda item: item[1][0] < before, self.running.items())):
+            self.finish(generation_id)
+        for queue in self.waiting.values():
+            for generation_id, _ in list(takewhile(lambda item: item[1] < before, queue.items())):
+                del queue[generation_id]
 
     def finish(self, generation_id: str) -> bool:
         """Frees its slot (or its place); False if it was not here."""
@@ -177,6 +192,7 @@ class Queues:
         now = time.time() if now is None else now
         out = []
         for load in self.pools.values():
+            load.forget(now - FORGET_S)
             pace = load.pace(now)
             inflow: dict[str, float] = {lane: load.inflow_above(lane, now) for lane in LANES}
             for generation_id, lane, position in load.positions(pace.seqs):

@@ -116,3 +116,20 @@ def test_requests_waiting_inside_the_engine_count_and_paid_goes_before_free_ones
     q.enqueued("p0", "large", "paid", now=0)
     q.enqueued("f3", "large", "free", now=0)
     assert list(load.positions(2)) == [("p0", "paid", 1), ("f3", "free", 3)]
+
+
+def test_arrivals_are_kept_for_one_window_only() -> None:
+    q = _queues(large_cap=1000)
+    for i in range(600):
+        q.enqueued(f"f{i}", "large", "free", now=float(i))
+    assert len(q.pools["large"].arrivals["free"]) <= 61  # the last minute's, not every request since the start
+
+
+def test_a_request_never_heard_to_end_is_forgotten_after_a_while() -> None:
+    q = _queues(large_cap=1)
+    q.enqueued("lost", "large", "free", now=0)  # its finish never arrives
+    q.enqueued("behind", "large", "free", now=0)
+    q.enqueued("fresh", "large", "free", now=1000)
+    assert q.revised(now=1000) == []
+    load = q.pools["large"]
+    assert list(load.running) == ["fresh"] and list(load.positions(1)) == []
