@@ -41,14 +41,19 @@ def test_wait_is_position_over_the_slots_rate_plus_the_first_token() -> None:
     assert abs(wait - (4 / (2 / 10) + 1)) < 1e-9
 
 
-def test_a_free_request_moves_at_what_the_paid_lane_leaves() -> None:
+def test_a_free_request_moves_at_what_the_paid_lane_leaves_but_no_slower_than_two_thirds() -> None:
     q = _queues(large_cap=1)
-    for i in range(15):  # 0.25 paid requests a second over the last minute, each 2 s: 0.5 replies a second
-        q.enqueued(f"p{i}", "large", "paid", now=i * 4)
-        _ended(q, f"p{i}", at=i * 4 + 2, held_s=2)
+    for i in range(6):  # 0.1 paid requests a second over the last minute, each 2 s: 0.5 replies a second
+        q.enqueued(f"p{i}", "large", "paid", now=i * 10)
+        _ended(q, f"p{i}", at=i * 10 + 2, held_s=2)
     q.enqueued("busy", "large", "free", now=58)
     _, wait = q.pools["large"].estimate_wait("free", now=59)
-    assert abs(wait - 1 / (0.5 - 0.25)) < 1e-9
+    assert abs(wait - 1 / (0.5 - 0.1)) < 1e-9
+    for i in range(6, 15):  # 0.25 a second: the free lane would move at half the rate; it is taken at 2/3
+        q.enqueued(f"p{i}", "large", "paid", now=59)
+        q.finished(f"p{i}")
+    _, wait = q.pools["large"].estimate_wait("free", now=59)
+    assert abs(wait - 1 / (0.5 * 2 / 3)) < 1e-9
 
 
 def test_before_three_replies_end_a_reply_lasts_at_least_as_long_as_the_oldest_running() -> None:
