@@ -63,7 +63,8 @@ def check_same_origin(request: Request, required: bool = True) -> None:
 
 def own_origins(request: Request) -> frozenset[str]:
     server = request.scope.get("server")  # the socket's own address, not the request's Host header
-    return allowed_origins(gateway_of(request).settings, server[1] if server else None)
+    return allowed_origins(gateway_of(request).settings, server[1] if server else None,
+                           request.headers.get("host", ""))
 
 
 def _origin_of(url: str) -> str | None:

@@ -32,14 +32,23 @@ def trusted_hosts(settings: Settings) -> frozenset[str]:
     return frozenset({*LOOPBACK_NAMES, *named, *([_bracketed(public)] if public else [])})
 
 
-def allowed_origins(settings: Settings, port: int | None) -> frozenset[str]:
-    """The public URL's origin, and the loopback names at the port this gateway listens on."""
+def allowed_origins(settings: Settings, port: int | None, host_header: str = "") -> frozenset[str]:
+    """The public URL's origin, and the loopback names at the port this gateway listens on.
+
+    In local mode, also the loopback address the request was sent to (its Host, when that is a loopback name):
+    a page reached through a local proxy or load balancer on another port spends its cookie there. No other
+    site can send that Host (a rebound name arrives as its own name, refused above), and a page on another
+    loopback port sends its own origin, which then differs from the Host it calls.
+    """
     origins = set()
     if settings.public_url:
         parts = urlsplit(settings.public_url)
         origins.add(_origin(parts.scheme, _bracketed(parts.hostname or ""), parts.port))
     for name in LOOPBACK_NAMES:
         origins.update(_origin(scheme, name, port) for scheme in ("http", "https"))
+    host = host_header.strip().lower()
+    if settings.local_mode and host and _host_only(host) in LOOPBACK_NAMES:
+        origins.update(f"{scheme}://{host}" for scheme in ("http", "https"))
     return frozenset(origins)
 
 

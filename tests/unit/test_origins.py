@@ -66,3 +66,15 @@ def test_the_configured_origins_get_through_to_the_route(base_url: str, origin: 
                                                          settings: dict[str, object]) -> None:
     r = client(base_url, **settings).post("/v1/session", json={"token": "pk_x"}, headers={"Origin": origin})
     assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"  # past both checks
+
+
+def test_a_page_reached_through_a_local_proxy_spends_its_cookie_there_and_nowhere_else() -> None:
+    proxied = "http://127.0.0.1:18080"  # a proxy or load balancer on loopback in front of the gateway
+    r = client(proxied).post("/v1/session", json={"token": "pk_x"}, headers={"Origin": proxied})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"  # past the origin check
+    r = client(proxied).post("/v1/session", json={"token": "pk_x"}, headers={"Origin": "http://127.0.0.1:9999"})
+    assert r.status_code == 403  # another loopback page calling through the proxy names its own origin
+    assert "http://127.0.0.1:18080" in allowed_origins(Settings(), 8000, "127.0.0.1:18080")
+    assert "http://127.0.0.1:18080" not in allowed_origins(Settings().with_(local_mode=False), 8000,
+                                                           "127.0.0.1:18080")
+    assert "http://evil.example:18080" not in allowed_origins(Settings(), 8000, "evil.example:18080")
