@@ -229,6 +229,25 @@ async def test_queue_position_then_cut_streams_resume_without_repeats(open_page:
     assert await reply_text(page) == "Hello world." and len(resumes) == 3
 
 
+async def test_a_queued_wait_counts_down_and_takes_a_revised_estimate(open_page: OpenPage, alice: Caller) -> None:
+    fast = "retry: 200\n\n"
+    notice = f"document.querySelector('{REPLY} .notice')?.textContent || ''"
+    bodies = [fast + sse(("message_start", _start("g-w"), 5), ("queued", {"position": 3, "estimated_wait_s": 6.0}, 5)),
+              fast + ": keep-alive\n\n",  # nothing new for a while: the page counts down on its own
+              fast + sse(("queued", {"position": 1, "estimated_wait_s": 30.0}, 6)),  # the service's revision
+              sse(("delta", {"text": "Done."}, 7),
+                  ("message_end", {"stop_reason": "end", "usage": {"in": 1, "out": 1}}, 8))]
+    page = await open_page()
+    await _play_gateway(page, "g-w", bodies)
+    await sign_in(page, alice)
+    await send(page, "Hi")
+    await until(page, f"({notice}).includes('number 3 in line, about 6 s')", 10)
+    await until(page, f"/about [45] s/.test({notice})", 5)  # counted down between estimates
+    await until(page, f"({notice}).includes('next in line, about 30 s')", 10)
+    await wait_done(page)
+    assert await reply_text(page) == "Done." and await page.locator(f"{REPLY} .notice").is_hidden()
+
+
 async def test_refusals_and_usage_read_as_the_server_wrote_them(open_page: OpenPage, alice: Caller) -> None:
     page = await open_page()
     limit = "Daily limit reached — resets at 00:00 UTC"
