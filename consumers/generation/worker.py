@@ -547,9 +547,12 @@ class GenerationWorker:
 
     async def _finish_early(self, req: GenerationRequested, decision: Finish, saved: Saved) -> None:
         if saved.finished is not None:
-            # The previous worker finished but died before committing: announce the same finish again
-            # on the replies topic (its readers skip duplicates); chat.tokens already has it.
-            await self._landed(req.generation_id, [await enqueue(self.producer, self.topics.replies, saved.finished,
+            # The previous owner finished but lost the request before committing: announce the same finish again
+            # on the replies topic (its readers skip duplicates); chat.tokens already has it. Under this owner's
+            # epoch: taking the generation over fenced the old one's, and settlement and persistence ignore a
+            # finish from a fenced owner, so the reply would stay 'generating' with its tokens reserved.
+            again = msgspec.structs.replace(saved.finished, epoch=self.fence.epoch(req.generation_id))
+            await self._landed(req.generation_id, [await enqueue(self.producer, self.topics.replies, again,
                                                                  key=req.conversation_id)])
             return
         if decision.status == "failed":
