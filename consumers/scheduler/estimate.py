@@ -58,24 +58,33 @@ class ServiceHistory:
         firsts = sorted(c.first_token_s for c in self.completions if c.first_token_s > 0)
         return firsts[len(firsts) // 4] if firsts else 0.0
 
-    def service_s(self, prefill_s: float, oldest_running_s: float = 0.0) -> float:
-        """T: a reply's time in its engine sequence, D + P."""
+    def service_s(self, prefill_s: float, ages: list[float]) -> float:
+        """T: a reply's time in its engine sequence, D + P. ``ages``: how long each running request has run,
+        oldest first. Until as many replies have ended as run at once, the ones that ended are the short ones
+        (a long reply that started with them is still running), so T is at least twice their mean age."""
         decode = [c.held_s - c.first_token_s for c in self.completions if c.held_s > c.first_token_s]
         if len(decode) < MIN_SAMPLES:
-            return max(self.prior_s, oldest_running_s)
-        return sum(decode) / len(decode) + prefill_s
+            return max(self.prior_s, ages[0] if ages else 0.0)
+        service = sum(decode) / len(decode) + prefill_s
+        if len(decode) < len(ages):
+            service = max(service, 2 * sum(ages) / len(ages))
+        return service
 
     def replicas(self, now: float, service_s: float) -> int:
         ended = sum(1 for c in self.completions if c.ours and c.at >= now - self.window_s)
         return max(1, round(ended / self.window_s * service_s / self.seqs))
 
-    def pace(self, now: float, oldest_running_s: float = 0.0) -> Pace:
-        """The pool's pace now: taken once per decision (or per round of revisions)."""
+    def pace(self, now: float, ages: list[float] | None = None) -> Pace:
+        """The pool's pace now: taken once per decision (or per round of revisions). ``ages``: how long each
+        request the workers hold has been held, oldest first."""
+        ages = ages or []
         prefill = self.prefill_s()
-        service = self.service_s(prefill, oldest_running_s)
-        replicas = self.replicas(now, service)
-        return Pace(replicas=replicas, seqs=replicas * self.seqs, rate=replicas * self.seqs / service,
-                    prefill_s=prefill)
+        replicas = self.replicas(now, self.service_s(prefill, ages[: self.seqs]))
+        seqs = replicas * self.seqs
+        service = self.service_s(prefill, ages[:seqs])
+        ends = sorted(max(service - age, service / 10) for age in ages[:seqs])
+        return Pace(replicas=replicas, seqs=seqs, rate=seqs / service, prefill_s=prefill, service_s=service,
+                    ends=tuple(ends))
 
 
 @dataclass(frozen=True)
@@ -84,11 +93,19 @@ class Pace:
     seqs: int  # sequences the pool's engines run at once
     rate: float  # replies ended per second while every sequence is taken
     prefill_s: float  # a request's first token after its sequence starts
+    service_s: float = 0.0  # T
+    ends: tuple[float, ...] = ()  # seconds until each running sequence is expected to end, soonest first
 
     def wait_s(self, position: int, inflow_above: float = 0.0) -> float:
         """Seconds until the first token of the request ``position`` places past the engines' sequences
-        (0: it starts now). ``inflow_above``: requests a second arriving in higher lanes, each of which goes
-        before it (so a lower lane moves at what is left of the rate, at least LOWER_LANE_SHARE of it)."""
+        (0: it starts now). With every sequence running, the k-th to free is the k-th soonest expected end
+        (a sequence that has run past T is given a tenth of T more), each sequence freeing again T after.
+        ``inflow_above``: requests a second arriving in higher lanes, each of which goes before it (so a
+        lower lane moves at what is left of the rate, at least LOWER_LANE_SHARE of it)."""
         if position <= 0:
             return 0.0
-        return position / max(self.rate - inflow_above, self.rate * LOWER_LANE_SHARE) + self.prefill_s
+        slowed = self.rate / max(self.rate - inflow_above, self.rate * LOWER_LANE_SHARE)
+        if len(self.ends) < self.seqs:
+            return position / self.rate * slowed + self.prefill_s
+        turn, slot = divmod(position - 1, len(self.ends))
+        return (self.ends[slot] + turn * self.service_s) * slowed + self.prefill_s

@@ -42,8 +42,7 @@ class PoolLoad:
 
     def pace(self, now: float) -> Pace:
         """The pool's pace, and every worker slot that freed meanwhile given to the head of the queue."""
-        oldest = next(iter(self.running.values()), (now, ""))[0]
-        pace = self.history.pace(now, now - oldest)
+        pace = self.history.pace(now, [now - taken for taken, _ in self.running.values()])
         for lane in LANES:
             queue = self.waiting[lane]
             while queue and len(self.running) < pace.replicas * self.held:

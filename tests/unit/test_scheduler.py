@@ -1,5 +1,5 @@
 from consumers.scheduler.canned import CANNED_POOL, CannedReplies
-from consumers.scheduler.queueing import PoolLoad, Queues
+from consumers.scheduler.queueing import PoolLoad, Queues, Shown
 from consumers.scheduler.stage import Scheduler
 from infra.config.plans import load_plans
 from schemas import (
@@ -113,11 +113,12 @@ async def test_a_queued_client_is_told_again_when_its_countdown_is_off() -> None
     assert isinstance(first, GenerationQueued) and first.position == 1 and first.revision == 0
     told_at = scheduler.queues.told["g"].at
     assert scheduler.revisions(now=told_at + 2) == []  # never sooner than REVISE_GAP_S
-    # No reply has ended in 10 s: the wait is still 20 s, not the 10 s the client's countdown shows.
+    assert scheduler.revisions(now=told_at + 10) == []  # 10 s left, as the client's countdown shows
+    scheduler.queues.told["g"] = Shown(told_at, 40.0)  # as if it had been shown 40 s: its countdown says 30
     [again] = scheduler.revisions(now=told_at + 10)
     revised = again.event
     assert again.topic == "t.chat.tokens" and again.key == "g" and isinstance(revised, GenerationQueued)
-    assert revised.revision == 1 and revised.position == 1 and revised.estimated_wait_s == 20.0
+    assert revised.revision == 1 and revised.position == 1 and revised.estimated_wait_s == 10.0
     assert (revised.model, revised.message_id, revised.lane) == (first.model, first.message_id, "paid")
     scheduler.finished("g")
     assert scheduler.revisions(now=told_at + 60) == [] and "g" not in scheduler.queued

@@ -48,20 +48,31 @@ def test_a_free_request_moves_at_what_the_paid_lane_leaves_but_no_slower_than_tw
         _ended(q, f"p{i}", at=i * 10 + 2, held_s=2)
     q.enqueued("busy", "large", "free", now=58)
     _, wait = q.pools["large"].estimate_wait("free", now=59)
-    assert abs(wait - 1 / (0.5 - 0.1)) < 1e-9
+    assert abs(wait - (2 - 1) * 0.5 / (0.5 - 0.1)) < 1e-9  # the running reply has 1 s left; paid slows the rest
     for i in range(6, 15):  # 0.25 a second: the free lane would move at half the rate; it is taken at 2/3
         q.enqueued(f"p{i}", "large", "paid", now=59)
         q.finished(f"p{i}")
     _, wait = q.pools["large"].estimate_wait("free", now=59)
-    assert abs(wait - 1 / (0.5 * 2 / 3)) < 1e-9
+    assert abs(wait - (2 - 1) * 1.5) < 1e-9
 
 
 def test_before_three_replies_end_a_reply_lasts_at_least_as_long_as_the_oldest_running() -> None:
     q = _queues(large_cap=1, prior_s=5.0)
     q.enqueued("old", "large", "free", now=0)
     q.enqueued("next", "large", "free", now=0)
-    assert q.pools["large"].estimate_wait("free", now=1)[1] == 2 * 5.0
-    assert q.pools["large"].estimate_wait("free", now=40)[1] == 2 * 40.0  # not done after 40 s: the prior was wrong
+    assert q.pools["large"].estimate_wait("free", now=1)[1] == (5.0 - 1) + 5.0  # old's 4 s left, then next's 5
+    # Not done after 40 s: the prior was wrong; old is given a tenth more, then next runs as long.
+    assert q.pools["large"].estimate_wait("free", now=40)[1] == 4.0 + 40.0
+
+
+def test_until_as_many_replies_end_as_run_a_reply_lasts_at_least_twice_the_running_ones_mean_age() -> None:
+    q = _queues(large_cap=4)
+    for i in range(3):  # three short replies ended (5 s): the long ones that started with them still run
+        q.enqueued(f"short{i}", "large", "free", now=0)
+        _ended(q, f"short{i}", at=5, held_s=5)
+    for i in range(4):
+        q.enqueued(f"long{i}", "large", "free", now=0)
+    assert q.pools["large"].pace(now=12).service_s == 24.0  # 2 x 12 s, not the 5 s of the three that ended
 
 
 def test_more_replies_than_one_replica_can_end_mean_more_replicas() -> None:
@@ -108,7 +119,7 @@ def test_a_reply_queued_elsewhere_teaches_its_times_but_not_the_rate() -> None:
     q.finished("refused", Completion(at=10, held_s=0, first_token_s=0), "large")  # never taken: nothing to learn
     history = q.pools["large"].history
     assert [c.ours for c in history.completions] == [False] * 3
-    assert history.prefill_s() == 1 and history.service_s(history.prefill_s()) == 4
+    assert history.prefill_s() == 1 and history.service_s(history.prefill_s(), []) == 4
 
 
 def test_requests_waiting_inside_the_engine_count_and_paid_goes_before_free_ones_there() -> None:
