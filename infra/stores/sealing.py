@@ -143,6 +143,24 @@ class Sealer:
         except KeyGone:
             return None
 
+    async def seal_values(self, conversation_id: str, record: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+        """``record`` with each of ``names`` that holds something sealed as JSON (a record kept in Redis, such
+        as a response's request fields: instructions, metadata)."""
+        out = dict(record)
+        for name in names:
+            if out.get(name) and not is_sealed(out[name]):
+                out[name] = await self.seal_text(conversation_id, msgspec.json.encode(out[name]).decode())
+        return out
+
+    async def open_values(self, conversation_id: str, record: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+        """The reverse of ``seal_values``; a value whose key is gone reads as None."""
+        out = dict(record)
+        for name in names:
+            if is_sealed(out.get(name)):
+                text = await self.open_text(conversation_id, out[name])
+                out[name] = None if text is None else msgspec.json.decode(text)
+        return out
+
 
 def configured(settings: Settings, db: AsyncSession) -> Sealer:
     """The process's sealer: the embedded tenant key file under the state dir, data keys in Cassandra."""

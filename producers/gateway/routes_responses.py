@@ -44,6 +44,7 @@ BACKGROUND_READER_S = 3600  # longer than any reply takes; a cancel still stops 
 CANCEL_WAIT_S = 30.0
 FINISHED = ("complete", "stopped", "length")
 REPLAYED = object()  # between the replayed events and the live ones
+SEALED_ECHO = ("instructions", "metadata")  # the user-written fields of the request kept in Redis
 
 
 @router.post("/responses", response_model=None,
@@ -75,7 +76,7 @@ async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseReq
     if req.store:  # before producing: any gateway can answer for it from the first event on
         await gw.redis.set(keys.response(generation_id), orjson.dumps(
             {"user_id": user.user_id, "conversation_id": conversation_id, "model": gw.models[req.pool],
-             "echo": echo}), ex=OWNER_TTL_S)
+             "echo": await gw.sealer.seal_values(conversation_id, echo, SEALED_ECHO)}), ex=OWNER_TTL_S)
     try:
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id, plan=user.plan,  # type: ignore[arg-type]
@@ -172,6 +173,7 @@ async def _meta(gw: Gateway, user: User, response_id: str, param: str | None = N
     meta = orjson.loads(raw) if raw else None
     if gid is None or meta is None or meta["user_id"] != user.user_id:
         raise compat.CompatError(404, "not_found", f"No response found with id '{response_id}'.", param)
+    meta["echo"] = await gw.sealer.open_values(meta["conversation_id"], meta["echo"], SEALED_ECHO)
     return gid, meta
 
 

@@ -222,3 +222,18 @@ async def test_an_alternate_prompt_for_the_overflow_pool_is_sealed_with_the_main
     assert is_sealed(sealed.alternates) and is_sealed(sealed.prompt_token_ids)
     assert b"123456" not in encode(sealed) and b"okapi" not in encode(sealed)
     assert await sealer.open(decode(encode(sealed))) == built
+
+
+async def test_a_kept_records_user_fields_are_sealed_and_the_rest_stays_readable(sealer: Sealer,
+                                                                                   table: KeyTable) -> None:
+    await sealer.keys.create("c1", "u1")
+    echo = {"instructions": "answer as the okapi herder", "metadata": {"trip": "okapi herder"}, "background": True,
+            "previous_response_id": None}
+    sealed = await sealer.seal_values("c1", echo, ("instructions", "metadata", "previous_response_id"))
+    assert "okapi" not in repr(sealed) and is_sealed(sealed["instructions"]) and is_sealed(sealed["metadata"])
+    assert sealed["background"] is True and sealed["previous_response_id"] is None  # left as it was
+    assert await sealer.open_values("c1", sealed, ("instructions", "metadata")) == echo
+    assert await sealer.seal_values("c1", sealed, ("instructions",)) == sealed  # sealed once, not twice
+    await sealer.keys.destroy("c1")
+    gone = await sealer.open_values("c1", sealed, ("instructions", "metadata"))
+    assert gone["instructions"] is None and gone["metadata"] is None and gone["background"] is True
