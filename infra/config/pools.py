@@ -33,6 +33,7 @@ ENV_FIELDS = {
     "ENGINE": "engine",
     "FLUSH_MS": "flush_ms",
     "FLUSH_TOKENS": "flush_tokens",
+    "ROUTING": "routing",
 }
 
 
@@ -92,6 +93,9 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     flush_tokens: int = 16
     engine: Literal["vllm", "sim"] = "vllm"  # sim: the simulated engine, for load tests and capacity planning
     sim: SimConfig = SimConfig()  # read only when engine = "sim"
+    # How the scheduler picks a replica (consumers/scheduler/placement.py): random, conversation (consistent
+    # hashing with bounded loads) or cache-aware (the replica holding most of the prompt, mixed with its queue).
+    routing: Literal["random", "conversation", "cache-aware"] = "conversation"
 
     @property
     def model_path(self) -> Path:
