@@ -31,6 +31,21 @@ from infra.config.pools import SimConfig
 
 GB = 1e9
 KIB = 1024
+# The prefixes a replica announces (``held_prefixes``): the chain hash of every CHECKPOINT_BLOCKS-th full block
+# and of the last one of each finished sequence, the RECENT_PREFIXES most recent, those still cached. A router
+# matching a prompt against them finds the replica holding the longest start of it, to a checkpoint.
+CHECKPOINT_BLOCKS = 8
+RECENT_PREFIXES = 4096
+
+
+def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+    """The chain hash of each full block of ``tokens``: the same values the replica caches blocks by (a tuple
+    of ints hashes alike in every process, whatever PYTHONHASHSEED)."""
+    out, parent = [], 0
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = hash((parent, *tokens[start:start + block_size]))
+        out.append(parent)
+    return out
 
 
 @dataclass(eq=False)
@@ -136,6 +151,7 @@ class SimCore:
         self.queried_tokens = 0
         self.hit_tokens = 0
         self.preemptions = 0
+        self.recent: OrderedDict[int, None] = OrderedDict()  # checkpoint hashes of finished sequences, newest last
 
     # -- requests ------------------------------------------------------------------------------------------
     def add(self, request_id: str, prompt: Sequence[int], reply: Sequence[int], finish_reason: str,
@@ -324,6 +340,19 @@ class SimCore:
             heapq.heapify(self.waiting)
         self.blocks.release(seq.blocks)
         seq.blocks = []
+        self._remember(seq.hashes)
+
+    def _remember(self, hashes: list[int]) -> None:
+        marks = hashes[CHECKPOINT_BLOCKS - 1::CHECKPOINT_BLOCKS] + hashes[-1:]
+        for h in marks:
+            self.recent[h] = None
+            self.recent.move_to_end(h)
+        while len(self.recent) > RECENT_PREFIXES:
+            self.recent.popitem(last=False)
+
+    def held_prefixes(self) -> list[int]:
+        """The remembered checkpoints whose block is still cached (an evicted block's hash is forgotten)."""
+        return [h for h in self.recent if h in self.blocks.by_hash]
 
     # -- disaggregated prefill -----------------------------------------------------------------------------
     def _prefill_elsewhere(self, seq: SimSequence) -> None:

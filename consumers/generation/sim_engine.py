@@ -172,6 +172,11 @@ class SimEngine:
         return EngineStats(running=len(core.running), waiting=len(core.waiting) + len(core.handing_over),
                            kv_cache_usage=core.kv_usage, prefix_cache_hit_rate=core.prefix_hit_rate)
 
+    def held_prefixes(self) -> list[int]:
+        """The chain hashes of recent prompt prefixes still in this replica's cache (``SimCore.held_prefixes``),
+        announced so cache-aware routing can send a prompt where its start is already computed."""
+        return self.core.held_prefixes()
+
     def sim_stats(self) -> dict[str, float]:
         """The simulator's own accounts, apart from the worker's: steps, tokens, its CPU, its lag."""
         return {"steps": self.steps, "tokens": self.tokens, "cpu_seconds": self.cpu_seconds,

@@ -29,6 +29,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from redis.exceptions import RedisError
 
+from consumers.generation.announce import ASSIGNORS, Announcer
 from consumers.generation.coalescing import Batch, Coalescer, FlushPolicy
 from consumers.generation.decisions import (
     STALE_REQUEST_S,
@@ -125,7 +126,7 @@ class GenerationWorker:
         self._closed_producers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
-            session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
+            session_timeout_ms=10_000, heartbeat_interval_ms=1_000, partition_assignment_strategy=ASSIGNORS)
         self.redis = aioredis.Redis.from_url(settings.redis_url)
         self.finished = FinishedReplies(self.redis)
         self.quota = Quota.configured(self.redis, plans or load_plans(settings.plans_file), settings)
@@ -141,6 +142,8 @@ class GenerationWorker:
         control = asyncio.create_task(self._control_loop(), name="control")
         stats = asyncio.create_task(self._stats_loop(), name="stats")
         alive = asyncio.create_task(self._alive_loop(), name="alive")
+        announce = asyncio.create_task(Announcer(self.redis, self.group, self.worker_id, self.consumer, self.engine,
+                                                 lambda: len(self.active)).run(), name="announce")
         log.info("worker %s serving pool %s, capacity %d, metrics on port %s", self.worker_id, self.limits.pool,
                  self.capacity, self.metrics_port)
         if self.on_ready is not None:
@@ -151,6 +154,8 @@ class GenerationWorker:
             control.cancel()
             stats.cancel()
             alive.cancel()
+            announce.cancel()
+            await asyncio.gather(announce, return_exceptions=True)  # withdrawn before the store closes
             await self._shutdown()
 
     def stop(self) -> None:

@@ -117,3 +117,17 @@ def summary_requested(conversation_id: str) -> str:
 def page_session(session_hash: str) -> str:
     """The page's signed-in session -> user id, with the session's expiry as TTL; keyed by the id's SHA-256."""
     return f"{PREFIX}session:{session_hash}"
+
+
+REPLICA_TTL_S = 3  # a worker announces every second; gone for 3 s = left the pool
+
+
+def replica(group: str, worker_id: str) -> str:
+    """A generation worker's announcement (JSON ``ReplicaAnnounced``): the partitions it owns, its load, the
+    prefixes its engine holds. Expires REPLICA_TTL_S after the last beat."""
+    return f"{PREFIX}replica:{group}:{worker_id}"
+
+
+def replicas(group: str) -> str:
+    """Set of the worker ids that announced in a pool's consumer group (a member whose key expired has left)."""
+    return f"{PREFIX}replicas:{group}"

@@ -1,0 +1,77 @@
+"""A generation worker tells the scheduler what it is: every second, the partitions of ``generate.<pool>.*``
+Kafka assigned it, how many requests it holds, and (the simulated engine) the prompt prefixes its cache holds.
+
+Written to Redis (``keys.replica``, expiring after ``keys.REPLICA_TTL_S``) with the worker's id in the pool's
+set (``keys.replicas``); the scheduler reads them to place a generation on a replica, not just a partition
+(``consumers/scheduler/placement.py``). One SET and one SADD a second per worker; nothing per token.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+import msgspec
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+from redis.exceptions import RedisError
+
+from infra.stores import keys
+
+log = logging.getLogger(__name__)
+ANNOUNCE_EVERY_S = 1.0
+# The pool's consumer group keeps each worker's partitions through a rebalance (the sticky assignor), so a
+# worker joining or leaving moves only the partitions it takes or gives up, and with them only its share of
+# the conversations' caches. Round-robin second: a group mixing workers of the previous release still agrees.
+ASSIGNORS = (StickyPartitionAssignor, RoundRobinPartitionAssignor)
+
+
+class ReplicaAnnounced(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker's announcement: partitions by topic, requests held, and the chain hashes of the prompt
+    prefixes its engine holds (None: an engine that does not say, such as vLLM)."""
+
+    worker_id: str
+    partitions: dict[str, list[int]]
+    active: int
+    prefixes: list[int] | None = None
+    at: float = 0.0
+
+
+def announcement(worker_id: str, assignment: Collection[Any], active: int, engine: Any,
+                 now: float | None = None) -> ReplicaAnnounced:
+    partitions: dict[str, list[int]] = {}
+    for tp in sorted(assignment, key=lambda tp: (tp.topic, tp.partition)):
+        partitions.setdefault(tp.topic, []).append(tp.partition)
+    held = getattr(engine, "held_prefixes", None)
+    return ReplicaAnnounced(worker_id=worker_id, partitions=partitions, active=active,
+                            prefixes=held() if held is not None else None, at=time.time() if now is None else now)
+
+
+class Announcer:
+    def __init__(self, redis: Any, group: str, worker_id: str, consumer: Any, engine: Any,
+                 active: Callable[[], int]) -> None:
+        self.redis, self.group, self.worker_id = redis, group, worker_id
+        self.consumer, self.engine, self.active = consumer, engine, active
+
+    async def once(self) -> None:
+        event = announcement(self.worker_id, self.consumer.assignment(), self.active(), self.engine)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(keys.replica(self.group, self.worker_id), msgspec.json.encode(event), ex=keys.REPLICA_TTL_S)
+            pipe.sadd(keys.replicas(self.group), self.worker_id)
+            await pipe.execute()
+
+    async def run(self) -> None:
+        """Beat until cancelled, then withdraw: the scheduler stops placing on this worker at once."""
+        try:
+            while True:
+                with contextlib.suppress(RedisError):  # a missed beat: the last one stands until it expires
+                    await self.once()
+                await asyncio.sleep(ANNOUNCE_EVERY_S)
+        finally:
+            with contextlib.suppress(RedisError, RuntimeError, ConnectionError):
+                await self.redis.delete(keys.replica(self.group, self.worker_id))
+                await self.redis.srem(keys.replicas(self.group), self.worker_id)
+            log.info("worker %s withdrew its announcement from %s", self.worker_id, self.group)
