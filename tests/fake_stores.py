@@ -7,6 +7,7 @@ and expiry-free keys, ``FakeQuota`` settles exactly once, ``FakeConversations`` 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -187,6 +188,15 @@ class FakeSealer:
 
     async def seal(self, event: Any) -> Any:
         return event
+
+    def digest(self, user_id: str, *parts: str) -> str:
+        return hashlib.sha256("\0".join((user_id, *parts)).encode()).hexdigest()[:32]
+
+    async def seal_values(self, conversation_id: str, record: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+        return dict(record)
+
+    async def open_values(self, conversation_id: str, record: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+        return dict(record)
 
     async def open(self, event: Any) -> Any:
         return event

@@ -11,6 +11,8 @@ are not sealed (empty ones, and rows written before sealing existed) are returne
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import os
 import sys
 from array import array
@@ -142,6 +144,12 @@ class Sealer:
             return open_bytes(key, conversation_id, value).decode()  # type: ignore[arg-type]
         except KeyGone:
             return None
+
+    def digest(self, user_id: str, *parts: str) -> str:
+        """A keyed hash of text that is matched but never read back (a client_message_id, a content
+        fingerprint): HMAC-SHA256 under the user's tenant index key, so a short text cannot be guessed from it."""
+        mac = hmac.new(self.keys.tenants.index_key(user_id), "\0".join(parts).encode(), hashlib.sha256)
+        return mac.hexdigest()[:32]
 
     async def seal_values(self, conversation_id: str, record: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
         """``record`` with each of ``names`` that holds something sealed as JSON (a record kept in Redis, such

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import uuid
 from typing import Any
@@ -234,8 +233,10 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
                        regenerate: bool = False, edit_of: str | None = None, max_tokens: int | None = None,
                        sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
     generation_id = new_id()
-    cmid = client_message_id or f"auto-{uuid.uuid4().hex}"
-    claim_key, fingerprint = keys.client_message(conversation_id, cmid), _fingerprint(content)
+    # The client's id and the content are matched, never read back: both kept as keyed hashes, not in clear.
+    cmid = (f"c-{gw.sealer.digest(user.user_id, conversation_id, client_message_id)}" if client_message_id
+            else f"auto-{uuid.uuid4().hex}")
+    claim_key, fingerprint = keys.client_message(conversation_id, cmid), gw.sealer.digest(user.user_id, content)[:16]
     claimed = await gw.redis.set(claim_key, f"{generation_id} {fingerprint}", nx=True, ex=CMID_TTL_S)
     if not claimed:  # a retry: attach to the generation the first request started
         existing, _, was = ((await gw.redis.get(claim_key)) or b"").decode().partition(" ")
@@ -265,10 +266,6 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
 
 async def _retracted(gw: Gateway, generation_id: str) -> bool:
     return bool(await gw.redis.exists(keys.generation_retracted(generation_id)))
-
-
-def _fingerprint(content: str) -> str:
-    return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
 def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | None,

@@ -19,7 +19,15 @@ from producers.gateway import routes_chat, submission
 from producers.gateway.app import install_error_handlers
 from producers.gateway.stream_slots import StreamSlots
 from producers.gateway.submission import Accepted, Refused
-from schemas import GenerationFinished, GenerationQueued, MessageSubmitted, RequestRefused, TokensAppended, Usage
+from schemas import (
+    GenerationFinished,
+    GenerationQueued,
+    MessageSubmitted,
+    RequestRefused,
+    TokensAppended,
+    Usage,
+    new_id,
+)
 from tests.fake_stores import FakeConversations, FakeRedis, FakeSealer, conversation
 
 TOKENS = {"tok-ann": User("ann", "free"), "tok-bob": User("bob", "paid")}
@@ -33,6 +41,9 @@ class Relay:
         return asyncio.Queue()
 
     def unsubscribe(self, generation_id: str, queue: object) -> None:
+        pass
+
+    async def attach(self, generation_id: str) -> None:
         pass
 
     async def replay(self, generation_id: str, after: int | None, since_ms: int) -> AsyncIterator[tuple[int, Any]]:
@@ -71,6 +82,9 @@ class Gateway:
 
     async def worker_alive(self, worker_id: str) -> bool:
         return True
+
+    def new_generation_id(self) -> str:
+        return new_id()
 
 
 def reply_events(gid: str) -> list[tuple[int, Any]]:
@@ -147,8 +161,10 @@ async def test_a_message_streams_its_reply_and_a_retry_attaches_to_the_same_gene
     assert first.status_code == 200 and events(first.text) == ["message_start", "delta", "message_end"]
     [request] = submitted
     gid = first.headers["X-Generation-Id"]
-    assert request.generation_id == gid and request.pool == "large" and request.client_message_id == "m-1"
-    assert (await gw.redis.get(keys.client_message("c", "m-1"))).split()[0] == gid.encode()  # + content fingerprint
+    cmid = f"c-{gw.sealer.digest('ann', 'c', 'm-1')}"  # the client's id is kept as a keyed hash, never in clear
+    assert request.generation_id == gid and request.pool == "large" and request.client_message_id == cmid
+    claim = (await gw.redis.get(keys.client_message("c", cmid))).split()
+    assert claim == [gid.encode(), gw.sealer.digest("ann", "Capital of France?")[:16].encode()]
     gw.relay.buffered[gid] = reply_events(gid)
     again = await post(http, {"content": "Capital of France?", "client_message_id": "m-1"})
     assert again.headers["X-Generation-Id"] == gid and events(again.text)[-1] == "message_end"
@@ -161,7 +177,7 @@ async def test_a_refusal_is_a_plain_http_error_and_frees_the_retry_key(
     response = await post(http, {"content": "refuse", "client_message_id": "m-2"})
     assert response.status_code == 429 and response.headers["Retry-After"] == "7"
     assert response.json()["error"] == {"code": "rate_limited", "message": "Slow down.", "retry_after_s": 7}
-    assert await gw.redis.get(keys.client_message("c", "m-2")) is None
+    assert await gw.redis.get(keys.client_message("c", f"c-{gw.sealer.digest('ann', 'c', 'm-2')}")) is None
 
 
 async def test_only_the_owner_may_cancel_or_resume(client: tuple[httpx.AsyncClient, Gateway],

@@ -237,3 +237,14 @@ async def test_a_kept_records_user_fields_are_sealed_and_the_rest_stays_readable
     await sealer.keys.destroy("c1")
     gone = await sealer.open_values("c1", sealed, ("instructions", "metadata"))
     assert gone["instructions"] is None and gone["metadata"] is None and gone["background"] is True
+
+
+def test_a_digest_is_stable_per_tenant_and_keyed(sealer: Sealer, tmp_path: Path, table: KeyTable) -> None:
+    import hashlib
+
+    a = sealer.digest("u1", "conv-a", "my-retry-id")
+    assert a == sealer.digest("u1", "conv-a", "my-retry-id") and len(a) == 32
+    assert a != sealer.digest("u2", "conv-a", "my-retry-id") and a != sealer.digest("u1", "conv-b", "my-retry-id")
+    assert a not in hashlib.sha256(b"conv-a\0my-retry-id").hexdigest()  # not a plain hash anyone could compute
+    other = Sealer(DataKeys(table, LocalTenantKeys(tmp_path / "other.key"), cache_s=60))  # type: ignore[arg-type]
+    assert other.digest("u1", "conv-a", "my-retry-id") != a  # another master key, another digest
