@@ -32,6 +32,10 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     logprobs: bool = False
     top_logprobs: int = 0
     response_format: ResponseFormat | None = None
+    # The reply is read for function calls: "json", written as guided JSON (``response_format``), which any
+    # vLLM pool honours; "hermes", as <tool_call> blocks in free text, which only a pool that declares the
+    # Hermes tool parser is set up to write. A request is never moved to a pool that cannot honour it.
+    tool_call: Literal["json", "hermes"] | None = None
 
 
 class TopLogprob(msgspec.Struct, frozen=True, array_like=True):

@@ -34,6 +34,7 @@ ENV_FIELDS = {
     "FLUSH_MS": "flush_ms",
     "FLUSH_TOKENS": "flush_tokens",
     "ROUTING": "routing",
+    "TOOL_PARSER": "tool_parser",
 }
 
 
@@ -93,9 +94,26 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     flush_tokens: int = 16
     engine: Literal["vllm", "sim"] = "vllm"  # sim: the simulated engine, for load tests and capacity planning
     sim: SimConfig = SimConfig()  # read only when engine = "sim"
+    # "hermes": the model writes <tool_call> JSON blocks when it decides to call a function (tool_choice auto);
+    # "": it was not set up to, and auto is refused on this pool.
+    tool_parser: Literal["", "hermes"] = ""
     # How the scheduler picks a replica (consumers/scheduler/placement.py): random, conversation (consistent
     # hashing with bounded loads) or cache-aware (the replica holding most of the prompt, mixed with its queue).
     routing: Literal["random", "conversation", "cache-aware"] = "conversation"
+
+    @property
+    def tool_choices(self) -> tuple[str, ...]:
+        """The ``tool_choice`` modes this pool honours: ``required`` and a named function need structured
+        outputs (vLLM's guided decoding; the simulated engine has none), ``auto`` a tool parser."""
+        if self.engine == "sim":
+            return ("none",)
+        return ("none", "required", "named") + (("auto",) if self.tool_parser else ())
+
+    def honours(self, tool_call: str | None) -> bool:
+        """Whether a reply read for calls in this form (``Sampling.tool_call``) may be written here."""
+        if tool_call is None:
+            return True
+        return ("named" if tool_call == "json" else "auto") in self.tool_choices
 
     @property
     def model_path(self) -> Path:
