@@ -16,6 +16,7 @@ from infra.stores.conversations import Conversations
 from infra.stores.crypto import DataKeys
 from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession
+from infra.stores.shares import Shares
 
 
 async def mark_deleted(conversations: Conversations, data_keys: DataKeys, redis: Any,
@@ -23,13 +24,15 @@ async def mark_deleted(conversations: Conversations, data_keys: DataKeys, redis:
     """Hide the conversation at once and destroy its data key; the generations to cancel.
 
     The owner keys go too, so cancel and resume answer 404 from this moment on any gateway, and so do its
-    search rows (found from its words, which can be read only now, before the key is destroyed)."""
+    search rows (found from its words, which can be read only now, before the key is destroyed), and its
+    share links."""
     db = conversations.db
     conv = await conversations.get(conversation_id)
     texts = [m.content for m in await conversations.all_messages(conversation_id)] + [conv.title or ""] if conv else []
     await db.execute("UPDATE conversations SET deleted = true WHERE conversation_id = ?", (conversation_id,))
     await SearchIndex(db, conversations).forget(user_id, conversation_id, texts)
     await conversations.unlist(user_id, conversation_id)
+    await Shares(db).forget_conversation(user_id, conversation_id)
     rows = await db.execute("SELECT generation_id FROM messages WHERE conversation_id = ?", (conversation_id,))
     known = {m.decode() for m in await redis.smembers(keys.conversation_generations(conversation_id))}
     generations = sorted(known | {r.generation_id for r in rows if r.generation_id})
@@ -51,6 +54,7 @@ async def purge(db: AsyncSession, data_keys: DataKeys, redis: Any, conversation_
     saved = [g for g in generations if await db.execute(
         "SELECT generation_id FROM generations WHERE generation_id = ?", (g,))]
     listed = await Conversations(db).unlist(user_id, conversation_id)
+    shares = await Shares(db).forget_conversation(user_id, conversation_id)  # any made while it was deleted
     await data_keys.destroy(conversation_id)
     await asyncio.gather(
         db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,)),
@@ -66,7 +70,7 @@ async def purge(db: AsyncSession, data_keys: DataKeys, redis: Any, conversation_
                      (conversation_id, user_id, datetime.now(UTC)))
     await db.execute("DELETE FROM conversations WHERE conversation_id = ?", (conversation_id,))
     return {"messages": len(messages), "client_message_claims": len(claims), "summaries": len(summaries),
-            "generations": len(saved), "list_rows": listed, "redis_keys": redis_keys}
+            "generations": len(saved), "list_rows": listed, "shares": shares, "redis_keys": redis_keys}
 
 
 async def _purge_redis(redis: Any, conversation_id: str, generations: list[str], client_ids: list[str]) -> int:

@@ -43,10 +43,12 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     from producers.gateway import (
         routes_chat,
         routes_conversations,
+        routes_export,
         routes_openai,
         routes_responses,
         routes_search,
         routes_session,
+        routes_share,
         routes_usage,
         routes_web,
     )
@@ -58,6 +60,9 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app.include_router(routes_openai.router)
     app.include_router(routes_responses.router)
     app.include_router(routes_usage.router)
+    app.include_router(routes_export.router)
+    app.include_router(routes_share.router)
+    app.include_router(routes_share.page_router)
     routes_web.mount(app)
     _offline_docs(app)
 
