@@ -115,6 +115,11 @@ class Settings:
     public_url: str = ""
     allowed_hosts: tuple[str, ...] = ()  # more Host names answered (a service name, *.example.com); "*": any
     max_streams_per_user: int = 8  # replies and resumes one user may hold open on one gateway; then 429
+    # Gateway i of N tails the partitions p of chat.tokens with p % N == i, and mints the generation ids of
+    # the messages it accepts so their token records land there; another gateway's streams it follows through
+    # a reader shared per partition while someone reads it
+    gateway_index: int = 0
+    gateway_count: int = 1
     # admission
     route_small_max_chars: int | None = None  # None: the short-message classifier is off
     min_visible_chars: int = 1
@@ -257,6 +262,8 @@ VARS: tuple[Var, ...] = (
     Var("PUBLIC_URL", "public_url", str),
     Var("ALLOWED_HOSTS", "allowed_hosts", _names),
     Var("MAX_STREAMS_PER_USER", "max_streams_per_user", int),
+    Var("GATEWAY_INDEX", "gateway_index", int),
+    Var("GATEWAYS", "gateway_count", int),
     Var("ROUTE_SMALL_MAX_CHARS", "route_small_max_chars", _optional_int),
     Var("MIN_VISIBLE_CHARS", "min_visible_chars", int),
     Var("HISTORY_ALLOWANCE", "history_allowance", int),

@@ -34,6 +34,9 @@ REFUSALS = Counter("parley_gateway_refusals", "requests refused (quota, overload
                    ["plan", "status"])
 RECONNECTS = Counter("parley_gateway_stream_reconnects", "streams resumed with Last-Event-ID", ["plan"])
 OPEN_STREAMS = Gauge("parley_gateway_open_streams", "SSE streams open on this gateway")
+TAIL_RECORDS = Counter("parley_gateway_tail_records", "records of chat.tokens this gateway's tails fetched: of "
+                       "the partitions it owns (kind=owned) or of others' while a stream here reads them (borrowed)",
+                       ["kind"])
 STOP_REASONS = {"complete": "end", "stopped": "stopped", "length": "length", "failed": "error"}
 
 

@@ -1,5 +1,10 @@
-"""Token delivery: one tail of ``chat.tokens`` per gateway, fanned out to the streams it serves,
-plus replay from any offset so a client can resume on any gateway with ``Last-Event-ID``.
+"""Token delivery: a tail of the partitions of ``chat.tokens`` this gateway owns, fanned out to the streams
+it serves, plus replay from any offset so a client can resume on any gateway with ``Last-Event-ID``.
+
+Gateway i of N owns the partitions p with p % N == i and mints the ids of the generations it starts so
+their records land there (``ownership.py``); it reads no record of another gateway's partitions unless a
+stream here follows a generation on one, and then through one tail of that partition shared by all such
+streams (``tails.py``). With one gateway (the default) it owns every partition.
 
 A generation's events all sit in one partition (keyed by generation id), so the
 SSE id is just the Kafka offset. Resume = subscribe live first, replay from the
@@ -14,16 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import ConsumerRecord, TopicPartition
 
 from infra.stores.crypto import KeyGone
 from infra.stores.retry import FIRST_DELAY_S, MAX_DELAY_S, STORE_DOWN
 from infra.stores.sealing import Sealer
-from schemas import EventDecodeError, GenerationFinished, RequestRefused, decode
+from producers.gateway import ownership
+from producers.gateway.tails import Borrowing, PartitionTail
+from schemas import EventDecodeError, GenerationFinished, RequestRefused, decode, new_id
 from topics.partitioning import partition_for
 from topics.replay import open_reader, read_to_end
 
@@ -38,46 +46,51 @@ class Aged(Exception):
 
 
 class TokenRelay:
-    def __init__(self, bootstrap: str, topic: str, sealer: Sealer | None = None) -> None:
+    def __init__(self, bootstrap: str, topic: str, sealer: Sealer | None = None, *, index: int = 0,
+                 count: int = 1, linger_s: float = 5.0) -> None:
         self.bootstrap, self.topic, self.sealer = bootstrap, topic, sealer
+        self.index, self.count = index, count
         self.subs: dict[str, set[asyncio.Queue[tuple[int, Any]]]] = {}
-        self.consumer: AIOKafkaConsumer | None = None
         self.partitions = 0
-        self._task: asyncio.Task[None] | None = None
+        self.mine: frozenset[int] = frozenset()  # empty until start(): every partition counts as owned
+        self.read: Counter[int] = Counter()  # records fetched per partition, by every tail of this gateway
+        self.tail = PartitionTail(bootstrap, topic, self._records, self.read, "owned")
+        self.borrowed = Borrowing(bootstrap, topic, self._records, self.read, linger_s)
         # generation id -> events (decoded, not yet opened) waiting behind one whose key could not be read
         self.backlog: dict[str, list[tuple[int, Any]]] = {}
         self._drains: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        tail = await open_reader(self.bootstrap, self.topic)
-        self.consumer, self.partitions = tail.consumer, len(tail.partitions)
-        for tp in tail.partitions:
-            self.consumer.seek(tp, tail.ends[tp])  # "end" resolved now: nothing produced after start() is missed
-        self._task = asyncio.create_task(self._tail(), name="token-relay")
+        def choose(count: int) -> frozenset[int]:
+            self.partitions, self.mine = count, ownership.owned(self.index, self.count, count)
+            return self.mine
+        await self.tail.start(choose)
 
     async def stop(self) -> None:
-        for task in [self._task, *self._drains]:
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*[t for t in [self._task, *self._drains] if t is not None], return_exceptions=True)
-        if self.consumer:
-            await self.consumer.stop()
+        for task in self._drains:
+            task.cancel()
+        await asyncio.gather(*self._drains, return_exceptions=True)
+        await self.borrowed.stop()
+        await self.tail.stop()
 
-    async def _tail(self) -> None:
-        assert self.consumer is not None
-        while True:
-            batch = await self.consumer.getmany(timeout_ms=200, max_records=5000)
-            for records in batch.values():
-                for record in records:
-                    key = record.key.decode() if record.key else ""
-                    if not self.subs.get(key):
-                        continue  # decode only what someone here is reading
-                    try:
-                        await self._deliver(key, record.offset, decode(record.value))
-                    except EventDecodeError:
-                        continue
-                    except Exception:  # noqa: BLE001 - one event must never stop delivery to every stream
-                        log.exception("generation %s: event at offset %d not delivered", key, record.offset)
+    def new_generation_id(self) -> str:
+        """A generation id whose records land on a partition this gateway tails."""
+        return ownership.mint(self.mine, self.partitions) if self.mine else new_id()
+
+    def owns(self, generation_id: str) -> bool:
+        return not self.mine or partition_for(generation_id, self.partitions) in self.mine
+
+    async def _records(self, records: list[ConsumerRecord]) -> None:
+        for record in records:
+            key = record.key.decode() if record.key else ""
+            if not self.subs.get(key):
+                continue  # decode only what someone here is reading
+            try:
+                await self._deliver(key, record.offset, decode(record.value))
+            except EventDecodeError:
+                continue
+            except Exception:  # noqa: BLE001 - one event must never stop delivery to every stream
+                log.exception("generation %s: event at offset %d not delivered", key, record.offset)
 
     async def _deliver(self, generation_id: str, offset: int, event: Any) -> None:
         waiting = self.backlog.get(generation_id)
@@ -140,16 +153,29 @@ class TokenRelay:
             raise
 
     def subscribe(self, generation_id: str) -> asyncio.Queue[tuple[int, Any]]:
+        """A queue of the generation's live events. On a partition this gateway does not own, the partition's
+        borrowed tail starts (or is shared); ``attach`` waits until it is positioned."""
         q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.subs.setdefault(generation_id, set()).add(q)
+        if not self.owns(generation_id):
+            self.borrowed.take(partition_for(generation_id, self.partitions))
         return q
 
     def unsubscribe(self, generation_id: str, q: asyncio.Queue[tuple[int, Any]]) -> None:
         queues = self.subs.get(generation_id)
-        if queues is not None:
-            queues.discard(q)
-            if not queues:
-                del self.subs[generation_id]
+        if queues is None or q not in queues:
+            return
+        queues.discard(q)
+        if not queues:
+            del self.subs[generation_id]
+        if not self.owns(generation_id):
+            self.borrowed.leave(partition_for(generation_id, self.partitions))
+
+    async def attach(self, generation_id: str) -> None:
+        """Returns once a live subscription to ``generation_id`` misses nothing produced from now on: at once
+        on an owned partition, after the borrowed tail found its end on another gateway's."""
+        if not self.owns(generation_id):
+            await self.borrowed.ready(partition_for(generation_id, self.partitions))
 
     def partition_of(self, generation_id: str) -> TopicPartition:
         return TopicPartition(self.topic, partition_for(generation_id, self.partitions))
@@ -184,7 +210,9 @@ class TokenRelay:
         return None
 
     async def replay(self, generation_id: str, after: int | None, since_ms: int) -> AsyncIterator[tuple[int, Any]]:
-        """Events of one generation after offset ``after`` (or since ``since_ms``) up to the partition's end now."""
+        """Events of one generation after offset ``after`` (or since ``since_ms``) up to the partition's end now.
+        A live subscription made before it continues where it ends: a borrowed tail is positioned first."""
+        await self.attach(generation_id)
         # Small fetches: the first replayed event reaches the client after 64 KiB is read, not after 1 MiB
         # of other generations' records sharing the partition.
         reader = await open_reader(self.bootstrap, self.topic, key=generation_id,

@@ -232,7 +232,7 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
                        client_message_id: str | None, *, message_id: str, parent_id: str | None,
                        regenerate: bool = False, edit_of: str | None = None, max_tokens: int | None = None,
                        sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
-    generation_id = new_id()
+    generation_id = gw.new_generation_id()
     # The client's id and the content are matched, never read back: both kept as keyed hashes, not in clear.
     cmid = (f"c-{gw.sealer.digest(user.user_id, conversation_id, client_message_id)}" if client_message_id
             else f"auto-{uuid.uuid4().hex}")

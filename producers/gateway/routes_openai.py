@@ -114,7 +114,7 @@ async def submit_choices(gw: Gateway, user: User, chat: compat.ChatRequest) -> l
             conv = await gw.conversations.create(user.user_id, model=chat.pool, title=chat.title if keep else None,
                                                  source="api", listed=False)
             message_id = new_id()  # before the generation id: the user message sorts before its reply
-            generation_id = new_id()
+            generation_id = gw.new_generation_id()  # lands on a partition this gateway tails
             accepted = await submission.submit(gw, user, MessageSubmitted(
                 generation_id=generation_id, conversation_id=conv.conversation_id, user_id=user.user_id,
                 plan=user.plan, message_id=message_id, client_message_id=f"openai-{generation_id}",  # type: ignore[arg-type]

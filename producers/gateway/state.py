@@ -33,7 +33,8 @@ from topics.catalogue import CONTROL, DELETIONS, GATEWAY, REQUESTS, TOKENS
 from topics.clients import make_producer
 
 OWNER_TTL_S = 7 * 24 * 3600
-# The gateway reads chat.tokens by assigning partitions (relay.py), without a group.
+# The gateway reads chat.tokens by assigning partitions (relay.py, tails.py), without a group: its own share
+# (gateway i of N: p % N == i), and another's only while a stream here follows a generation there.
 ROLE = Role(GATEWAY, reads=(TOKENS,), writes=(REQUESTS, CONTROL, DELETIONS))
 
 
@@ -78,7 +79,8 @@ class Gateway:
         self.accounts = Accounts(db)
         self.conversations, self.records = Conversations(db, self.sealer), Records(db, self.sealer)
         self.finished = FinishedReplies(self.redis, sealer=self.sealer)
-        self.relay = TokenRelay(self.settings.kafka_bootstrap, self.topics.tokens, self.sealer)
+        self.relay = TokenRelay(self.settings.kafka_bootstrap, self.topics.tokens, self.sealer,
+                                index=self.settings.gateway_index, count=self.settings.gateway_count)
         await self.relay.start()
         self.sessions = PageSessions(self.redis, self.settings.session_ttl_s)
         self.search = SearchIndex(db, self.conversations)
@@ -89,6 +91,10 @@ class Gateway:
         await self.redis.aclose()
         if self._cluster is not None:
             self._cluster.shutdown()
+
+    def new_generation_id(self) -> str:
+        """An id for a reply this gateway starts: its token records land on a partition this gateway tails."""
+        return self.relay.new_generation_id()
 
     async def user_for_token(self, token: str) -> User | None:
         cached = self._auth_cache.get(token)

@@ -64,6 +64,7 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
     check_size(sealed, user.user_id)  # before anything is claimed: no retry of this request can succeed
     queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
     try:
+        await gw.relay.attach(generation_id)  # at once: its id was minted on a partition this gateway tails
         await gw.claim(generation_id, user.user_id, request.conversation_id)
         try:
             await asyncio.wait_for(send(gw.producer, gw.topics.requests, sealed, key=user.user_id),

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from aiokafka import TopicPartition
 
 from infra.stores.conversations import Message
 from producers.gateway.relay import Aged, TokenRelay
@@ -119,28 +118,13 @@ class Record:
     offset: int
 
 
-class FakeConsumer:
-    def __init__(self, batches: list[dict[TopicPartition, list[Record]]]) -> None:
-        self.batches = batches
-
-    async def getmany(self, timeout_ms: int = 0, max_records: int = 0) -> dict[TopicPartition, list[Record]]:
-        if self.batches:
-            return self.batches.pop(0)
-        await asyncio.sleep(3600)
-        return {}
-
-
 async def test_the_relay_hands_each_generation_its_own_events_only() -> None:
     relay = TokenRelay("unused:9092", "t.chat.tokens")
     mine, other = relay.subscribe(GID), relay.subscribe("g2")
-    tp = TopicPartition("t.chat.tokens", 0)
-    relay.consumer = FakeConsumer([{tp: [Record(b"g1", encode(delta(0, "a")), 4),  # type: ignore[assignment]
-                                         Record(b"g3", encode(delta(0, "x", "g3")), 5),
-                                         Record(b"g1", b"not an event", 6),
-                                         Record(b"g2", encode(delta(0, "z", "g2")), 7)]}])
-    tail = asyncio.create_task(relay._tail())  # noqa: SLF001
-    await asyncio.sleep(0.05)
-    tail.cancel()
+    await relay._records([Record(b"g1", encode(delta(0, "a")), 4),  # type: ignore[list-item]  # noqa: SLF001
+                          Record(b"g3", encode(delta(0, "x", "g3")), 5),
+                          Record(b"g1", b"not an event", 6),
+                          Record(b"g2", encode(delta(0, "z", "g2")), 7)])
     assert [(o, e.text) for o, e in [mine.get_nowait()]] == [(4, "a")] and mine.empty()
     assert other.get_nowait()[0] == 7
     relay.unsubscribe("g2", other)

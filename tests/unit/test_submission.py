@@ -25,6 +25,9 @@ class _Relay:
     def unsubscribe(self, gid: str, queue: Any) -> None:
         self.subscribed.discard(gid)
 
+    async def attach(self, gid: str) -> None:
+        pass
+
 
 class _Quota:
     def __init__(self) -> None:
