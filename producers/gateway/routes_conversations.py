@@ -20,8 +20,21 @@ from producers.gateway.text import Text
 router = APIRouter(prefix="/v1", tags=["conversations"], responses=responses(401, 422, 503))
 
 
+def clean_title(raw: str) -> str:
+    """One line of plain text, 1 to 200 characters, spaces and line breaks folded to one space; a 422 naming
+    the reason otherwise. The same rule on create and on rename."""
+    title = " ".join(raw.split())
+    if not title:
+        raise ApiError(422, "empty_title", "The title is empty. Type a name for the conversation.")
+    if len(title) > 200:
+        raise ApiError(422, "title_too_long", f"The title is {len(title)} characters; the limit is 200.")
+    if any(unicodedata.category(ch) == "Cc" for ch in title):  # NUL, bell, escape: what folding leaves
+        raise ApiError(422, "bad_title", "The title has control characters; use plain text.")
+    return title
+
+
 class NewConversation(BaseModel):
-    title: Text | None = Field(default=None, max_length=200)
+    title: Text | None = Field(default=None, description="1 to 200 characters, one line (as on rename)")
     model: Text | None = None
 
 
@@ -32,7 +45,7 @@ async def create_conversation(request: Request, body: NewConversation | None = N
     if body and body.model and body.model not in gw.models:
         raise ApiError(422, "unknown_model", f"Unknown model {body.model!r}. Choose one of: {', '.join(gw.models)}.")
     keep = not gw.keeps_nothing(user)  # a no-retention plan's conversations are neither listed nor titled
-    title = body.title if body and keep else None
+    title = clean_title(body.title) if body and body.title is not None and keep else None
     # An untitled conversation enters the list with its first reply: a send refused before any reply
     # leaves no "New conversation" behind. One the client named is listed at once.
     conv = await gw.conversations.create(user.user_id, model=body.model if body else None, title=title,
@@ -50,13 +63,7 @@ class Rename(BaseModel):
 async def rename_conversation(request: Request, conversation_id: str, body: Rename,
                               user: User = Depends(current_user)) -> dict[str, Any]:
     gw = gateway_of(request)
-    title = " ".join(body.title.split())
-    if not title:
-        raise ApiError(422, "empty_title", "The title is empty. Type a name for the conversation.")
-    if len(title) > 200:
-        raise ApiError(422, "title_too_long", f"The title is {len(title)} characters; the limit is 200.")
-    if any(unicodedata.category(ch) == "Cc" for ch in title):
-        raise ApiError(422, "bad_title", "The title has control characters; use plain text.")
+    title = clean_title(body.title)
     conv = await _owned(gw, conversation_id, user)
     if gw.keeps_nothing(user):
         raise ApiError(422, "no_retention", "Your plan keeps no conversations, so they have no titles.")

@@ -28,6 +28,11 @@ class Convs(FakeConversations):
         self.owners = {c.conversation_id: c.user_id for c in cs}
         self.db = self
 
+    async def create(self, user_id: str, model: str | None, title: str | None, listed: bool) -> Conversation:
+        made = dataclasses.replace(conversation(f"new{len(self.conversations)}", user_id), title=title)
+        self.conversations[made.conversation_id] = made
+        return made
+
     async def rename(self, conv: Conversation, title: str) -> None:
         self.conversations[conv.conversation_id] = dataclasses.replace(conv, title=title)
 
@@ -49,6 +54,13 @@ class Gateway:
 
     def keeps_nothing(self, user: User) -> bool:
         return user.plan in NO_RETENTION
+
+    @property
+    def search(self) -> Any:
+        return self
+
+    async def index(self, *args: Any) -> None:
+        pass
 
 
 @pytest.fixture
@@ -81,6 +93,16 @@ async def test_a_bad_title_is_refused_with_its_reason(client: Any, title: str, c
     assert gw.conversations.conversations["c"].title is None
 
 
+@pytest.mark.parametrize(("title", "code"), [("   ", "empty_title"), ("x" * 201, "title_too_long"),
+                                              ("a\u0000b", "bad_title"), ("line\n\u0000", "bad_title")])
+async def test_a_new_conversations_title_follows_the_rename_rule(client: Any, title: str, code: str) -> None:
+    http, gw, _ = client
+    before = set(gw.conversations.conversations)
+    r = await http.post("/v1/conversations", json={"title": title}, headers=auth("ann"))
+    assert r.status_code == 422 and r.json()["error"]["code"] == code
+    assert set(gw.conversations.conversations) == before  # nothing made
+
+
 async def test_a_rename_keeps_one_line_and_only_the_owner_may(client: Any) -> None:
     http, gw, _ = client
     r = await http.patch("/v1/conversations/c", json={"title": "  Trip\n plans "}, headers=auth("ann"))
@@ -107,3 +129,10 @@ async def test_delete_all_takes_only_the_callers_conversations(client: Any) -> N
     r = await http.delete("/v1/account/conversations", headers=auth("ann"))
     assert r.status_code == 200 and r.json() == {"deleted": 2}
     assert sorted(deleted) == ["c:account", "d:account"] and "e" in gw.conversations.conversations
+
+
+async def test_a_new_conversations_title_is_folded_to_one_line(client: Any) -> None:
+    http, gw, _ = client
+    r = await http.post("/v1/conversations", json={"title": "  Trip\n plans "}, headers=auth("ann"))
+    assert r.status_code == 201
+    assert gw.conversations.conversations[r.json()["conversation_id"]].title == "Trip plans"
