@@ -65,7 +65,7 @@ def _up_to(messages: list[Message], last_id: str) -> list[Message]:
 def iso(ts: datetime | None) -> str | None:
     if ts is None:
         return None
-    return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).isoformat().replace("+00:00", "Z")
+    return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def message_json(m: Message) -> dict[str, Any]:

@@ -51,8 +51,8 @@ def test_markdown_names_who_spoke_when_and_how_it_ended() -> None:
                 msg("02", "assistant", 0, "01", "Hello!\n", model="SmolLM2", status="stopped")]
     text = transcript.markdown("A  title\nsplit", "large", messages, AT)
     assert text.startswith("# A title split\n")
-    assert "## You · 2026-01-02T03:04:05Z\n\nHi **there**\n" in text
-    assert "## Parley (SmolLM2) · 2026-01-02T03:04:05Z · stopped\n\nHello!\n" in text
+    assert "## You · 2026-01-02T03:04:05.000Z\n\nHi **there**\n" in text
+    assert "## Parley (SmolLM2) · 2026-01-02T03:04:05.000Z · stopped\n\nHello!\n" in text
 
 
 def test_file_names_are_plain_ascii() -> None:

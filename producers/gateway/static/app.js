@@ -5,6 +5,7 @@ import { api, ApiError, whenSignedOut } from "./api.js";
 import { Chat } from "./chat.js";
 import { Drawer, Theme } from "./chrome.js";
 import { SearchBox } from "./search.js";
+import { ConversationMenu } from "./sharing.js";
 import { Sidebar } from "./sidebar.js";
 
 const $ = (id) => document.getElementById(id);
@@ -12,6 +13,7 @@ const $ = (id) => document.getElementById(id);
 let chat;
 let sidebar;
 let drawer;
+let menu;
 let usageMissing = false; // GET /v1/usage answered 404: this service has no usage endpoint
 
 async function boot() {
@@ -94,6 +96,7 @@ function wireApp() {
       if (pool && [...$("model").options].some((o) => o.value === pool)) $("model").value = pool;
     },
   });
+  menu = new ConversationMenu(() => shownConversation());
   drawer = new Drawer($("app"), $("menu"), $("scrim"));
   new Theme($("theme"));
   new SearchBox({ input: $("search"), results: $("search-results"), list: $("conversation-list"),
@@ -214,6 +217,14 @@ function resetTime(value) {
 function setTitle(title) {
   $("chat-title").textContent = title || (chat.conversationId ? "New conversation" : "New chat");
   document.title = title ? `${title} · Parley` : "Parley";
+  menu.update();
+}
+
+// The open conversation and the last message on screen (share and export take that branch).
+function shownConversation() {
+  if (!chat.conversationId) return null;
+  const last = chat.groups().at(-1);
+  return { conversationId: chat.conversationId, lastId: last?.reply?.message_id || last?.user?.message_id || null };
 }
 
 function describe(err) {
