@@ -59,3 +59,41 @@ async def test_the_page_replaces_a_retracted_reply_with_the_notice(open_page: Op
     await shot(again, "safety-02-reopened")
     assert await reply_text(again) == NOTICE
     assert await again.locator(f"{REPLY} .status").last.inner_text() == "Removed by the content rules"
+
+
+HOSTILE = ("<script>window.pwned=1</script> <img src=x onerror=\"window.pwned=2\"> **bold** "
+           "[bad](javascript:window.pwned=3)")
+
+
+async def test_a_shared_conversation_shows_script_as_text(open_page: OpenPage, http: httpx.AsyncClient,  # noqa: F811
+                                                          alice: Caller) -> None:
+    """/s/<id> with no sign-in: what was written is shown as its characters, a reply's Markdown rendered by the
+    page's own renderer, and nothing in either runs."""
+    made = await http.post("/v1/conversations", headers=alice.headers, json={"title": HOSTILE})
+    cid = made.json()["conversation_id"]
+    async with http.stream("POST", f"/v1/conversations/{cid}/messages", headers=alice.headers,
+                           json={"content": HOSTILE, "max_tokens": 4}) as r:
+        assert r.status_code == 200
+        await r.aread()
+    await saved_replies(http, alice, cid)
+    share = (await http.post(f"/v1/conversations/{cid}/share", headers=alice.headers)).json()
+    page = await open_page()
+
+    async def reply_says_it_too(route: Any) -> None:  # the model will not write script on request: make it
+        response = await route.fetch()
+        body = await response.json()
+        body["messages"][-1]["content"] = HOSTILE
+        await route.fulfill(response=response, json=body)
+
+    await page.route(f"**/v1/shares/{share['share_id']}", reply_says_it_too)
+    await page.goto(share["path"])
+    await until(page, "document.querySelectorAll('#shared-messages article').length === 2")
+    await shot(page, "safety-03-shared")
+    shown = page.locator("#shared-messages")
+    assert await page.evaluate("window.pwned") is None
+    assert await shown.locator("script, img, [onerror], a[href^='javascript']").count() == 0
+    assert await page.locator("#shared-messages .msg.user .bubble").inner_text() == HOSTILE
+    reply = page.locator("#shared-messages .msg.assistant .md")
+    assert await reply.locator("strong").inner_text() == "bold"
+    assert "<script>window.pwned=1</script>" in await reply.inner_text()
+    assert await page.locator("#shared-title").inner_text() == HOSTILE
