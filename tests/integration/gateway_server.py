@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
 from infra.config.settings import Settings
 from producers.gateway.cli import build
@@ -27,8 +28,15 @@ def free_port() -> int:
 
 @contextmanager
 def serve(settings: Settings) -> Iterator[str]:
+    with serve_app(build(settings)) as url:
+        yield url
+
+
+@contextmanager
+def serve_app(app: FastAPI) -> Iterator[str]:
+    """``app`` served as ``serve`` does; the test keeps the app (``app.state.gateway``) to look inside."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build(settings), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()
