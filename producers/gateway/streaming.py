@@ -21,6 +21,8 @@ from producers.gateway.sse import KEEPALIVE, STOP_REASONS, frame, is_last, to_ss
 from schemas import GenerationStarted, TokensAppended
 
 STALL_S = 3.0  # no event this long while generating, and the worker's beat is gone: say so
+LOST_AFTER_S = 2.0  # the beat missing this long (two of the worker's beats) in a stall: the worker is gone
+REDIS_GRACE_S = 5.0  # after Redis was unreachable, a missing beat is the outage's until the worker beats again
 CHECK_EVERY_S = 1.0
 
 
@@ -34,8 +36,8 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
     """``queue``/``first``: a live subscription made before the request was produced (no replay needed).
     ``retracted``: whether the output check retracted the reply; its text is then never replayed.
     ``on_event`` sees each event of ``first`` and the live ones just before they are sent (metrics).
-    ``worker_alive``: whether a worker still beats; while the generating one does not, a stalled stream
-    gets one ``recovering`` event (then the reply continues from another worker)."""
+    ``worker_alive``: whether the generating worker still beats (raises RedisError when Redis is down); a
+    stalled stream gets one ``recovering`` event per cause (see :class:`Recovery`)."""
     live = queue if queue is not None else relay.subscribe(generation_id)
     seen = on_event or (lambda _event: None)
     watch = Recovery(worker_alive)
@@ -99,12 +101,17 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
 
 class Recovery:
     """Per stream: drops what a fenced-off worker appended (older owner epoch) and chunks already sent, and
-    notices a dead worker: started, then no event for ``STALL_S`` and no worker beat."""
+    tells the client why a reply stalls: started, then no event for ``STALL_S``, and either the worker's beat
+    gone for ``LOST_AFTER_S`` (``worker_lost``) or Redis unreachable from here (``store_unavailable``). A beat
+    missing just after Redis was unreachable is the outage's, not a death: the key expired while Redis was
+    down, and the worker beats again within a second of Redis coming back."""
 
     def __init__(self, worker_alive: Callable[[str], Awaitable[bool]] | None) -> None:
-        self.worker_alive, self.worker_id, self.said = worker_alive, "", False
+        self.worker_alive, self.worker_id, self.said = worker_alive, "", ""
         self.epoch, self.next_seq = 0, 0
         self.last_event = time.monotonic()
+        self.missing_since: float | None = None  # when the worker's beat was first found gone in this stall
+        self.redis_down_at = float("-inf")
 
     def saw(self, event: object) -> bool:
         """Take note of ``event``; False when the client must not see it: an owner epoch older than one
@@ -113,7 +120,7 @@ class Recovery:
         stale = 0 < epoch < self.epoch  # epoch 0 is no owner's (queue events, the scheduler's own finish)
         if stale or (isinstance(event, TokensAppended) and event.seq < self.next_seq):
             return False
-        self.epoch, self.last_event, self.said = max(self.epoch, epoch), time.monotonic(), False
+        self.epoch, self.last_event, self.said, self.missing_since = max(self.epoch, epoch), time.monotonic(), "", None
         if isinstance(event, GenerationStarted):
             self.worker_id = event.worker_id
         elif isinstance(event, TokensAppended):
@@ -121,20 +128,34 @@ class Recovery:
         return True
 
     async def frame(self) -> bytes | None:
-        """The ``recovering`` frame, once per stall, when the generating worker is gone."""
-        if self.said or not self.worker_id or self.worker_alive is None:
+        """The ``recovering`` frame, once per stall and cause."""
+        if not self.worker_id or self.worker_alive is None:
             return None
-        if time.monotonic() - self.last_event < STALL_S:
+        now = time.monotonic()
+        if now - self.last_event < STALL_S:
             return None
         try:
             alive = await self.worker_alive(self.worker_id)
         except RedisError:
-            return None  # cannot tell: say nothing rather than alarm
+            self.redis_down_at = now
+            return self._say("store_unavailable", "Redis")
         if alive:
+            self.missing_since = None
+            return None  # a slow step, or the worker waits for a store it names in its own log
+        self.missing_since = self.missing_since or now
+        if now - self.missing_since < LOST_AFTER_S or now - self.redis_down_at < REDIS_GRACE_S:
             return None
-        self.said = True
-        return frame("recovering", {"reason": "worker_lost", "message": "The worker writing this reply stopped. "
-                                    "Another one is taking over; the reply continues where it left off."})
+        return self._say("worker_lost")
+
+    def _say(self, reason: str, store: str = "") -> bytes | None:
+        if self.said == reason + store:
+            return None
+        self.said = reason + store
+        if reason == "worker_lost":
+            return frame("recovering", {"reason": reason, "message": "The worker writing this reply stopped. "
+                                        "Another one is taking over; the reply continues where it left off."})
+        return frame("recovering", {"reason": reason, "store": store, "message": f"{store} is not reachable; the "
+                                    "reply is paused and continues where it left off once it is back."})
 
 
 async def _live(live: asyncio.Queue[tuple[int, Any]], last: int, keepalive_s: float, watch: Recovery,

@@ -137,6 +137,7 @@ async def test_a_dead_workers_stream_says_recovering_once_then_continues(monkeyp
 
     monkeypatch.setattr(streaming, "STALL_S", 0.1)
     monkeypatch.setattr(streaming, "CHECK_EVERY_S", 0.02)
+    monkeypatch.setattr(streaming, "LOST_AFTER_S", 0.1)
     alive = {"w1": False, "w2": True}
 
     def started(worker: str) -> GenerationStarted:
