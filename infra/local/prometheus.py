@@ -2,7 +2,7 @@
 config is generated from the same settings and pools that place every process's /metrics, written to
 ``<state>/prometheus/prometheus.yml`` with the recording rules of the watch list beside it.
 
-    gateway   http://127.0.0.1:8000/metrics         (Settings.ports.gateway)
+    gateway   http://127.0.0.1:8000/metrics         (Settings.ports.gateway; 8001.. with `--gateways N`)
     stages    http://127.0.0.1:9101/metrics         (Settings.ports.stages_metrics)
     workers   http://127.0.0.1:9111, 9112 /metrics  (metrics_port of each pool in pools.toml)
 """
@@ -45,7 +45,10 @@ RULES: dict[str, str] = {
 def targets(settings: Settings, worker_ports: Mapping[str, int]) -> dict[str, list[str]]:
     """Prometheus job -> host:port of each process's /metrics."""
     host = settings.host
-    found = {"gateway": [f"{host}:{settings.ports.gateway}"], "stages": [f"{host}:{settings.ports.stages_metrics}"]}
+    from infra.local.balancer import gateway_ports
+
+    found = {"gateway": [f"{host}:{port}" for port in gateway_ports(settings)],
+             "stages": [f"{host}:{settings.ports.stages_metrics}"]}
     workers = [f"{host}:{port}" for _, port in sorted(worker_ports.items()) if port]
     if workers:
         found["workers"] = workers

@@ -280,6 +280,11 @@ def app_specs(settings: Settings, *, workers: bool = True, with_prometheus: bool
                 "or start without workers: `parley up --no-workers`",
             ) from exc
     found = apps.specs(settings, pools, workers=workers)
+    if settings.gateway_count > 1:
+        from infra.local import balancer
+
+        found.append(apps.balancer_spec(settings, balancer.command(balancer.install(),
+                                                                   balancer.write_config(settings))))
     if with_prometheus:
         from infra.local import prometheus
 
@@ -418,7 +423,7 @@ def status_apps(settings: Settings) -> list[ProcessStatus]:
             ProcessStatus(app.name, None, app.spec.port, answering, answering, recorded, detail, app.log_file,
                           metrics_port=app.spec.metrics_port)
         )
-    order = {"worker": 0, "stages": 1, "gateway": 2, "prometheus": 3}
+    order = {"worker": 0, "stages": 1, "gateway": 2, "balancer": 2, "prometheus": 3}
     return sorted(found, key=lambda p: (order.get(p.name.split("-")[0], 3), p.name))
 
 

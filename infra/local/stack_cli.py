@@ -38,6 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
             help="seconds to wait for each generation worker to load its engine (default %(default)s)",
         )
         parser.add_argument(
+            "--gateways",
+            type=int,
+            default=1,
+            metavar="N",
+            help="run N gateways behind HAProxy (Debian's package) on the gateway port; each tails only its "
+            "share of chat.tokens (default %(default)s: one gateway, no balancer)",
+        )
+        parser.add_argument(
             "--with-prometheus",
             action="store_true",
             help="also run Prometheus (Debian's package) scraping every process (port: see docs/configuration.md)",
@@ -128,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                 )
                 return 0 if all(s.ok for s in statuses) else 1
             report = stack.up_service(
-                settings,
+                settings.with_(gateway_count=args.gateways) if args.gateways > 1 else settings,
                 console=console,
                 workers=not args.no_workers,
                 timeout=args.timeout,

@@ -5,7 +5,10 @@ The test plays the stages: it queues the request and appends the tokens itself."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -17,6 +20,7 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from infra.config.settings import Settings
+from infra.local import balancer
 from infra.stores.accounts import Accounts
 from infra.stores.session import AsyncSession
 from producers.gateway.cli import build
@@ -30,7 +34,7 @@ from schemas import (
     Usage,
     decode,
 )
-from tests.integration.gateway_server import serve_app
+from tests.integration.gateway_server import free_port, serve_app
 from topics import Topics
 from topics.clients import make_consumer, make_producer, send, topic_partitions
 from topics.partitioning import partition_for
@@ -198,3 +202,57 @@ async def test_a_reply_started_on_one_gateway_resumes_on_the_other_with_every_to
     await asyncio.sleep(1.0)
     assert {p: b.relay.read[p] for p in a.relay.mine} == read_by_b
     assert others_partitions(b, partitions) == sorted(a.relay.mine)
+
+
+@pytest.fixture
+def haproxy(pair: Pair, tmp_path: Path) -> Iterator[str]:
+    """Debian's HAProxy in front of the pair, with the config `parley up --gateways 2` writes."""
+    binary = balancer.find_binary()
+    if binary is None:
+        pytest.skip("haproxy is not installed (infra/parley test installs Debian's package)")
+    settings = pair.settings.with_(state_dir=tmp_path, ports=dataclasses.replace(pair.settings.ports,
+                                                                                  gateway=free_port()))
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(balancer.config(settings, [int(url.rsplit(":", 1)[1]) for url in pair.urls]))
+    proc = subprocess.Popen(balancer.command(binary, path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://{settings.host}:{settings.ports.gateway}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise RuntimeError(f"haproxy did not answer: {proc.stderr.read().decode() if proc.stderr else ''}")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def test_through_haproxy_a_stream_comes_as_it_is_written_and_resumes_on_either_gateway(
+        pair: Pair, haproxy: str, producer: AIOKafkaProducer, db: AsyncSession) -> None:
+    _, token = await Accounts(db).create_user("free")
+    headers = {"Authorization": f"Bearer {token}"}
+    stages = Stages(pair.settings, producer)
+    playing = asyncio.create_task(stages.run())
+    async with httpx.AsyncClient(base_url=haproxy, timeout=30) as http:
+        conv = (await http.post("/v1/conversations", headers=headers)).json()["conversation_id"]
+        async with http.stream("POST", f"/v1/conversations/{conv}/messages", json={"content": "hi"},
+                               headers=headers) as r:
+            assert r.status_code == 200, (await r.aread()).decode()
+            # Unbuffered: the first tokens arrive while the reply is still being written (the rest waits on us).
+            first = await asyncio.wait_for(Frames(r).until(lambda s: sum(e[0] == "delta" for e in s) == FIRST),
+                                           30)
+        assert not stages.go_on.is_set()
+        async with http.stream("GET", f"/v1/generations/{stages.generation_id}/stream",
+                               headers=headers | {"Last-Event-ID": str(first[-1][1])}) as r:
+            assert r.status_code == 200, (await r.aread()).decode()
+            frames = Frames(r)
+            stages.go_on.set()
+            rest = await asyncio.wait_for(frames.until(lambda s: s[-1][0] == "message_end"), 30)
+    await asyncio.wait_for(playing, 10)
+    texts = [e[2]["text"] for e in first + rest if e[0] == "delta"]
+    assert texts == [f" t{s}" for s in range(TOKENS)]

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.config.settings import Settings
+from infra.config.settings import Settings, env_var
 from infra.local.errors import ServiceFailed
 from infra.local.services import process
 
@@ -127,21 +127,32 @@ def specs(
             timeout=STAGES_TIMEOUT_S,
         )
     )
-    port = settings.ports.gateway
-    args = ("gateway", "--port", str(port))
-    found.append(
-        AppSpec(
-            name="gateway",
-            kind="gateway",
-            command=supervised("gateway", args, executable),
-            markers=args,
-            ready_url=gateway_url(settings, "/healthz"),
-            port=port,
-            metrics_port=port,
-            timeout=GATEWAY_TIMEOUT_S,
-        )
-    )
+    found.extend(gateway_specs(settings, executable))
     return found
+
+
+def gateway_specs(settings: Settings, executable: str | None = None) -> list[AppSpec]:
+    """One gateway on the gateway port; or, with ``gateway_count`` N > 1, gateways ``gateway-0`` ..
+    ``gateway-<N-1>`` on the ports after it, each told its index (the partitions of chat.tokens it tails),
+    for the load balancer on the gateway port to spread requests over (``infra/local/balancer.py``)."""
+    count = settings.gateway_count
+    found = []
+    for index in range(count):
+        port = settings.ports.gateway + (1 + index if count > 1 else 0)
+        name = f"gateway-{index}" if count > 1 else "gateway"
+        args = ("gateway", "--port", str(port))
+        found.append(AppSpec(
+            name=name, kind="gateway", command=supervised(name, args, executable), markers=args,
+            ready_url=f"http://{settings.host}:{port}/healthz", port=port, metrics_port=port,
+            timeout=GATEWAY_TIMEOUT_S,
+            env={env_var("GATEWAY_INDEX"): str(index), env_var("GATEWAYS"): str(count)} if count > 1 else {}))
+    return found
+
+
+def balancer_spec(settings: Settings, command: tuple[str, ...]) -> AppSpec:
+    """HAProxy on the gateway port in front of several gateways (infra/local/balancer.py writes its config)."""
+    return AppSpec(name="balancer", kind="balancer", command=command, markers=command[-1:],
+                   ready_url=gateway_url(settings, "/healthz"), port=settings.ports.gateway, timeout=GATEWAY_TIMEOUT_S)
 
 
 def prometheus_spec(settings: Settings, command: tuple[str, ...]) -> AppSpec:
@@ -161,12 +172,13 @@ def missing_subcommands(wanted: Iterable[AppSpec], commands: Mapping[str, object
 
 
 def stop_tiers(names: Iterable[str]) -> list[list[str]]:
-    """The order `down` stops service processes in: the gateway (no new requests), then the stages,
+    """The order `down` stops service processes in: the gateways and their balancer (no new requests), then the stages,
     then every worker at once; anything else last."""
-    rank = {"gateway": 0, "stages": 1}
+    rank = {"balancer": 0, "gateway": 0, "stages": 1}
     tiers: dict[int, list[str]] = {}
     for name in sorted(set(names)):
-        tier = rank.get(name, 2 if name.startswith("worker-") else 3)
+        tier = rank.get(name.split("-")[0] if name.startswith("gateway-") else name,
+                        2 if name.startswith("worker-") else 3)
         tiers.setdefault(tier, []).append(name)
     return [tiers[k] for k in sorted(tiers)]
 
