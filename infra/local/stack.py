@@ -88,6 +88,8 @@ def _status_of(
 ) -> ServiceStatus:
     pid = service.our_pid()
     owner = f"pid {pid}" if pid is not None else "not started by parley"
+    if service.supervisor_pid() is not None:
+        owner += f", supervised{restarted(service.settings, service.name)}"
     text = "; ".join(part for part in (detail, probe.detail, owner) if part)
     return ServiceStatus(service.name, service.address, probe.version, probe.ok, text, pid, seconds)
 
@@ -111,8 +113,13 @@ def up(
         to_launch: list[Service] = []
         for service in stack:
             pid = service.our_pid() or _adopt(service)
+            supervisor = service.supervisor_pid()
             if pid is not None:
-                plan[service.name] = (pid, "already running")
+                plan[service.name] = (supervisor or pid, "already running" if supervisor else
+                                      "already running, unsupervised (`parley down` then `up` supervises it)")
+                continue
+            if supervisor is not None:  # it died and its supervisor is starting it again
+                plan[service.name] = (supervisor, "being restarted by its supervisor")
                 continue
             process.remove_pid(service.pid_file)  # stale: that process is gone or not ours
             if service.busy_ports():
@@ -144,6 +151,8 @@ def up(
                     )
                 except StackError as exc:
                     errors.append(exc)
+                    if service in to_launch:
+                        service.stop_supervisor(10.0)  # `up` failed: nothing goes on restarting it
         if errors:
             _fail(errors, "services failed to start")
 

@@ -1,9 +1,16 @@
 """``parley supervise NAME -- COMMAND...``: run one service process and restart it whenever it exits.
 
-`parley up` starts every service process (workers, stages, gateway) through this: the supervisor is the
-process `up` records (its pid file, its own session and process group), the service runs as its child in
-the same group, writing to the same log. So `down` still stops everything with one signal to the group
-(supervisor, service and, for a worker, vLLM's engine core), and nothing else about the stack changes.
+`parley up` starts every process through this, the backbone included. For a service process (workers,
+stages, gateway) the supervisor is the process `up` records (its pid file, its own session and process group),
+the service runs as its child in the same group, writing to the same log. So `down` still stops everything
+with one signal to the group (supervisor, service and, for a worker, vLLM's engine core).
+
+For Redis, Kafka and Cassandra (``--pid-file``) the supervisor writes each child's pid to the service's own
+pid file, which `status`, `down` and the fault tests read as before, and records itself in
+``run/<name>.supervisor.pid``; `down` stops the supervisor, which stops the service and does not restart it.
+A restarted backbone process finds its data as the dead one left it: Redis replays its append-only file
+(a torn last write is dropped, ``aof-load-truncated``), Kafka recovers its log segments after an unclean
+shutdown, Cassandra replays its commit log; none keeps a pid or lock file of its own that outlives it.
 
 When the child exits without the supervisor having been told to stop, it is started again after a
 backoff (1 s, doubling to 30 s; back to 1 s once a run lasted a minute). Each restart is logged and
@@ -29,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from infra.config.settings import Settings
+from infra.local.services.process import write_pid
 
 FIRST_DELAY_S, MAX_DELAY_S, HEALTHY_AFTER_S = 1.0, 30.0, 60.0
 LEFTOVER_GRACE_S = 5.0  # SIGTERM to what the dead child left, then SIGKILL
@@ -126,8 +134,8 @@ def next_delay(delay: float, ran_s: float) -> tuple[float, float]:
 
 
 class Supervisor:
-    def __init__(self, name: str, command: list[str], state_dir: Path) -> None:
-        self.name, self.command, self.state_dir = name, command, state_dir
+    def __init__(self, name: str, command: list[str], state_dir: Path, pid_file: Path | None = None) -> None:
+        self.name, self.command, self.state_dir, self.pid_file = name, command, state_dir, pid_file
         self.record = Restarts()
         self.child: asyncio.subprocess.Process | None = None
         self.stopping = asyncio.Event()
@@ -156,6 +164,8 @@ class Supervisor:
             began = time.monotonic()
             self.child = await asyncio.create_subprocess_exec(*self.command)  # same log, same process group
             self.record.child_pid = self.child.pid
+            if self.pid_file is not None:
+                write_pid(self.pid_file, self.child.pid)
             self.save()
             code = await self.child.wait()
             left = descendants(os.getpid())
@@ -179,6 +189,7 @@ class Supervisor:
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("name", help="the service process's name (its pid file, log and restart count)")
+    parser.add_argument("--pid-file", type=Path, help="write each child's pid here (Redis, Kafka, Cassandra)")
     parser.add_argument("child", nargs=argparse.REMAINDER, help="-- then the command to run and restart")
 
 
@@ -187,12 +198,12 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         print("parley supervise: give the command to run after --", file=sys.stderr)
         return 2
-    return asyncio.run(_main(args.name, command, Settings.from_env().state_dir))
+    return asyncio.run(_main(args.name, command, Settings.from_env().state_dir, args.pid_file))
 
 
-async def _main(name: str, command: list[str], state_dir: Path) -> int:
+async def _main(name: str, command: list[str], state_dir: Path, pid_file: Path | None = None) -> int:
     become_subreaper()
-    supervisor = Supervisor(name, command, state_dir)
+    supervisor = Supervisor(name, command, state_dir, pid_file)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, supervisor.stop, sig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -220,10 +221,39 @@ def test_service_stop_only_touches_its_own_process(tmp_path: Path) -> None:
     finally:
         stranger.kill()
         stranger.wait()
-    pid = dummy.launch()
-    assert dummy.our_pid() == pid
-    assert dummy.stop(timeout=5) == f"dummy: stopped (pid {pid})"
-    assert dummy.our_pid() is None and not dummy.pid_file.exists()
+    supervisor = dummy.launch()
+    assert dummy.supervisor_pid() == supervisor
+    pid = _child_of(dummy)
+    assert dummy.stop(timeout=5) == f"dummy: stopped with its supervisor (pid {pid}, supervisor {supervisor})"
+    assert dummy.our_pid() is None and dummy.supervisor_pid() is None and not dummy.pid_file.exists()
+    assert not process.is_alive(pid) and not process.is_alive(supervisor)
+
+
+def _child_of(service: Service, other_than: int | None = None, timeout: float = 20.0) -> int:
+    """The service's pid once its supervisor has (re)started it and written the pid file."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = service.our_pid()
+        if pid is not None and pid != other_than:
+            return pid
+        time.sleep(0.1)
+    raise AssertionError(f"{service.name} not (re)started within {timeout} s")
+
+
+def test_a_killed_backbone_process_is_restarted_by_its_supervisor(tmp_path: Path) -> None:
+    from infra.local.supervisor import read_restarts
+
+    dummy = _Dummy(Settings(state_dir=tmp_path), 1)
+    supervisor = dummy.launch()
+    try:
+        first = _child_of(dummy)
+        os.kill(first, signal.SIGKILL)
+        second = _child_of(dummy, other_than=first)
+        assert dummy.supervisor_pid() == supervisor and read_restarts(tmp_path, "dummy").restarts == 1
+        assert read_restarts(tmp_path, "dummy").child_pid == second
+    finally:
+        assert "with its supervisor" in dummy.stop(timeout=5)
+    assert not process.is_alive(supervisor) and dummy.our_pid() is None
 
 
 # ------------------------------------------------------------------ config rendering

@@ -3,13 +3,18 @@ and start / wait / stop on top of :mod:`infra.local.services.process`.
 
 Layout under ``settings.state_dir``::
 
-    run/<name>.pid      pid of the process `parley up` started
-    logs/<name>.log     its stdout and stderr, one banner line per start
-    <name>/             its config and data; the process's working directory
+    run/<name>.pid                 pid of the service process (rewritten by its supervisor at each restart)
+    run/<name>.supervisor.pid      pid of its supervisor (`parley supervise`), which restarts it when it exits
+    run/<name>.restarts.json       the supervisor's restart count and the current child's pid
+    logs/<name>.log                its stdout and stderr, one banner line per start
+    <name>/                        its config and data; the process's working directory
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +23,7 @@ from typing import ClassVar
 from rich.console import Console
 
 from infra.config.settings import Settings, env_var
-from infra.local.errors import PortInUse
+from infra.local.errors import PortInUse, ServiceFailed
 from infra.local.services import process
 
 
@@ -49,6 +54,10 @@ class Service(ABC):
     @property
     def pid_file(self) -> Path:
         return self.settings.state_dir / "run" / f"{self.name}.pid"
+
+    @property
+    def supervisor_pid_file(self) -> Path:
+        return self.settings.state_dir / "run" / f"{self.name}.supervisor.pid"
 
     @property
     def log_file(self) -> Path:
@@ -115,16 +124,42 @@ class Service(ABC):
                 hint=f"stop that process, or choose another port ({env_var(self.name.upper() + '_PORT')} etc.)",
             )
 
+    def supervisor_pid(self) -> int | None:
+        """The pid of this service's supervisor when it is alive and provably ours."""
+        pid = process.read_pid(self.supervisor_pid_file)
+        python = (Path(os.path.realpath(sys.executable)).name, Path(sys.executable).name)
+        if pid is not None and process.is_ours(pid, exe_names=python, cwd=self.cwd,
+                                               markers=["supervise", str(self.pid_file)]):
+            return pid
+        return None
+
     def launch(self) -> int:
+        """Start the service under `parley supervise` (restarted whenever it exits); return the supervisor's
+        pid. The supervisor writes the service's own pid to ``pid_file``."""
+        from infra.local.services.apps import parley_command
+
+        from infra.local.supervisor import restarts_file
+
         self.prepare()
-        return process.start(
-            self.name, self.command(), log_file=self.log_file, pid_file=self.pid_file, cwd=self.cwd
-        )
+        process.remove_pid(self.pid_file)
+        restarts_file(self.settings.state_dir, self.name).unlink(missing_ok=True)  # counted from this start
+        supervise = parley_command("supervise", "--pid-file", str(self.pid_file), self.name, "--", *self.command())
+        return process.start(self.name, supervise, log_file=self.log_file, pid_file=self.supervisor_pid_file,
+                             cwd=self.cwd, env=self.settings.to_env())
 
     def wait_ready(self, pid: int | None, timeout: float) -> tuple[Probe, float]:
+        """Until the service answers; ``pid``: its supervisor (or the service), which must stay alive. A
+        service that exits during start-up fails this at once rather than being restarted until the timeout."""
+        from infra.local.supervisor import read_restarts
+
         last: list[Probe] = []
+        supervised = pid is not None and pid == self.supervisor_pid()
+        before = read_restarts(self.settings.state_dir, self.name).restarts
 
         def check() -> bool:
+            if supervised and read_restarts(self.settings.state_dir, self.name).restarts > before:
+                raise ServiceFailed(f"{self.name} exited during start-up", hint=f"read {self.log_file}",
+                                    log_tail=process.tail(self.log_file))
             result = self.probe(timeout=3.0)
             last[:] = [result]
             return result.ok
@@ -132,8 +167,34 @@ class Service(ABC):
         waited = process.wait_until_ready(self.name, check, pid=pid, log_file=self.log_file, timeout=timeout)
         return last[0], waited
 
+    def stop_supervisor(self, timeout: float) -> str | None:
+        """Stop the supervisor, which stops the service (SIGTERM) and does not restart it; the service is
+        killed after ``timeout``. None when there is no supervisor of ours."""
+        pid = self.supervisor_pid()
+        if pid is None:
+            process.remove_pid(self.supervisor_pid_file)
+            return None
+        child = self.our_pid()
+        process.signal_pid(pid, signal.SIGTERM)
+        how = "stopped"
+        if process.wait_gone([pid], timeout):
+            how = "killed"
+            if child is not None:
+                process.signal_pid(child, signal.SIGKILL)  # the supervisor exits once its child has
+            if process.wait_gone([pid], 10.0):
+                process.stop(pid, 5.0)
+        if child is not None and process.is_alive(child):
+            how = process.stop(child, 10.0)
+        process.remove_pid(self.supervisor_pid_file)
+        process.remove_pid(self.pid_file)
+        return f"{self.name}: {how} with its supervisor (pid {child or '-'}, supervisor {pid})"
+
     def stop(self, timeout: float = 60.0) -> str:
-        """Stop our process if there is one; never touch a process we cannot prove we started."""
+        """Stop our process (with its supervisor) if there is one; never touch a process we cannot prove we
+        started."""
+        supervised = self.stop_supervisor(timeout)
+        if supervised is not None:
+            return supervised
         pid = process.read_pid(self.pid_file)
         if pid is None:
             return f"{self.name}: not running (no pid file)"
