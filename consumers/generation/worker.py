@@ -80,6 +80,11 @@ CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
 RETRYABLE: tuple[type[BaseException], ...] = (*STORE_DOWN, KafkaError)
 ACK_TIMEOUT_S = 20.0  # an append or finish not acknowledged by then is retried through a new producer
 PRODUCER_RENEW_GAP_S = 10.0
+# A dead worker's hand-over: the group coordinator evicts a member that sent no heartbeat for SESSION_TIMEOUT_MS
+# (6 s, the broker's default floor, group.min.session.timeout.ms) and the rebalance gives its partitions to the
+# pool's other replicas, which resume its replies from their saved tokens; the longest stall is this, the
+# rebalance and one prefill. Lower would evict a worker whose loop a loaded machine starves for a few seconds.
+SESSION_TIMEOUT_MS, HEARTBEAT_MS = 6_000, 1_000
 FENCE_CHECK_GAP_S = 1.0  # a step this long after the last one: this worker may have been paused; check its lease
 
 
@@ -126,7 +131,8 @@ class GenerationWorker:
         self._closed_producers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
-            session_timeout_ms=10_000, heartbeat_interval_ms=1_000, partition_assignment_strategy=ASSIGNORS)
+            session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS,
+            partition_assignment_strategy=ASSIGNORS)
         self.redis = aioredis.Redis.from_url(settings.redis_url)
         self.finished = FinishedReplies(self.redis)
         self.quota = Quota.configured(self.redis, plans or load_plans(settings.plans_file), settings)
