@@ -137,7 +137,6 @@ class Service(ABC):
         """Start the service under `parley supervise` (restarted whenever it exits); return the supervisor's
         pid. The supervisor writes the service's own pid to ``pid_file``."""
         from infra.local.services.apps import parley_command
-
         from infra.local.supervisor import restarts_file
 
         self.prepare()
