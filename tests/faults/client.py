@@ -35,6 +35,7 @@ async def _events(response: httpx.Response, send: Send, last_id: list[int | None
                 send.snapshot = body["text"]
             elif event == "recovering":
                 send.recovering += 1
+                send.reasons.append(body.get("reason", ""))
             elif event == "message_end":
                 send.ended = body["stop_reason"]
                 return

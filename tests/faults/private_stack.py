@@ -2,7 +2,8 @@
 its own state folder, started and stopped by the project's own `parley up` / `parley down`. Faults are
 only ever injected here, never into the shared backbone (9092/9042/6379).
 
-One worker pool (`small`) keeps the start-up bounded; every process runs under `parley supervise`.
+One worker pool (`small`) keeps the start-up bounded; every process runs under `parley supervise`, the
+backbone included. A fault test that wants a second replica of the pool starts one (``second_worker``).
 """
 from __future__ import annotations
 
@@ -140,9 +141,20 @@ class PrivateStack:
     def pid(self, name: str) -> int:
         return int((self.state_dir / "run" / f"{name}.pid").read_text().split()[0])
 
+    def supervisor_pid(self, name: str) -> int:
+        """A backbone service's supervisor (Redis, Kafka, Cassandra: `parley supervise --pid-file`)."""
+        return int((self.state_dir / "run" / f"{name}.supervisor.pid").read_text().split()[0])
+
     def child_pid(self, name: str) -> int:
         """The service process under its supervisor (what a crash kills)."""
         return int(json.loads((self.state_dir / "run" / f"{name}.restarts.json").read_text())["child_pid"])
+
+    def second_worker(self, log_file: Path) -> subprocess.Popen[bytes]:
+        """Another worker of the `small` pool, in the same consumer group, unsupervised (the test stops it)."""
+        with log_file.open("wb") as out:
+            return subprocess.Popen([sys.executable, "-m", "infra.local.cli", "worker", "--pool", "small",
+                                     "--metrics-port", "0"], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
 
     def restarts(self, name: str) -> int:
         return int(json.loads((self.state_dir / "run" / f"{name}.restarts.json").read_text())["restarts"])

@@ -1,13 +1,18 @@
 """One fault at a time against a private copy of the whole service, with replies streaming; after each,
-the invariant checker (``invariants.py``). Each test prints the client's longest stall, the time to
-recovery and the checker's counts. Heavy: run under the heavy lock (`flock /tmp/parley-heavy.lock`)."""
+the invariant checker (``invariants.py``). Each test asserts that every send was still streaming when its
+fault struck, that each reply ended as the fault allows (``complete`` or ``length``: none failed or stopped),
+and that the fault's own effect happened (a restart by a supervisor, a hand-over, a fence); it prints the
+client's longest stall, the time to recovery and the checker's counts. Heavy: run under the heavy lock
+(`flock /tmp/parley-heavy.lock`)."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import inspect
 import os
+import re
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,7 +22,7 @@ import pytest
 
 from infra.local.services import process
 from tests.faults.client import chat, new_conversation
-from tests.faults.invariants import Counts, Send, check
+from tests.faults.invariants import EXPECTED, Counts, Send, check
 from tests.faults.private_stack import PrivateStack
 
 pytestmark = pytest.mark.faults
@@ -63,21 +68,27 @@ async def stores(stack: PrivateStack) -> AsyncIterator[tuple[object, object]]:
 
 
 async def _with_fault(stack: PrivateStack, user: tuple[str, str], name: str, inject, replies: int = 2,  # type: ignore[no-untyped-def]
-                      notes: list[str] | None = None) -> Counts:
-    """Start ``replies`` sends, inject the fault once they stream, wait for every client, then check.
-    ``inject`` may take the list of sends in progress (to read their generation ids); what it appends to
-    ``notes`` is reported with the checker's counts."""
+                      notes: list[str] | None = None, expect: frozenset[str] = EXPECTED,
+                      conversations: list[str] | None = None) -> tuple[Counts, list[Send]]:
+    """Start ``replies`` sends (into ``conversations`` when given), inject the fault once they stream, wait for
+    every client, then check. ``inject`` may take the list of sends in progress (to read their generation ids);
+    what it appends to ``notes`` is reported with the checker's counts. Every send must still be streaming
+    when the fault strikes (one that had ended would pass without living through it)."""
     since = datetime.now(UTC) - timedelta(minutes=1)
     user_id, token = user
-    convs = [await new_conversation(stack.url, token) for _ in range(replies)]
+    convs = conversations or [await new_conversation(stack.url, token) for _ in range(replies)]
     seen: list[Send] = []
     clients = [asyncio.create_task(chat(stack.url, token, user_id, c, QUESTION, seen=seen)) for c in convs]
-    await _streaming(seen, clients, replies)
+    await _streaming(seen, clients, len(convs))
+    live = sum(not s.ended for s in seen)
     began = time.monotonic()
     await (inject(seen) if inspect.signature(inject).parameters else inject())
     sends = await asyncio.wait_for(asyncio.gather(*clients), 300)
     recovered_s = time.monotonic() - began
-    return await _checked(stack, name, sends, since, recovered_s, notes or [])
+    notes = [f"{live}/{len(convs)} streaming when it struck", *(notes or [])]
+    counts = await _checked(stack, name, sends, since, recovered_s, notes, expect)
+    assert live == len(convs), f"{len(convs) - live} send(s) had ended before the fault struck"
+    return counts, sends
 
 
 async def _streaming(seen: list[Send], clients: list[asyncio.Task[Send]], replies: int,
@@ -94,7 +105,7 @@ async def _streaming(seen: list[Send], clients: list[asyncio.Task[Send]], replie
 
 
 async def _checked(stack: PrivateStack, name: str, sends, since: datetime, recovered_s: float,  # type: ignore[no-untyped-def]
-                   notes: list[str] | None = None) -> Counts:
+                   notes: list[str] | None = None, expect: frozenset[str] = EXPECTED) -> Counts:
     import redis.asyncio as aioredis
 
     from infra.stores.session import AsyncSession, connect
@@ -104,7 +115,8 @@ async def _checked(stack: PrivateStack, name: str, sends, since: datetime, recov
         cluster, session = connect(stack.settings)
         redis = aioredis.Redis.from_url(stack.settings.redis_url)
         try:
-            counts = await check(sends, settings=stack.settings, db=AsyncSession(session), redis=redis, since=since)
+            counts = await check(sends, settings=stack.settings, db=AsyncSession(session), redis=redis, since=since,
+                                 expect=expect)
         finally:
             await redis.aclose()
             cluster.shutdown()
@@ -114,10 +126,11 @@ async def _checked(stack: PrivateStack, name: str, sends, since: datetime, recov
     assert counts is not None
     RESULTS.append(f"{name}: longest client stall {counts.longest_stall_s:.1f} s, recovered in {recovered_s:.1f} s, "
                    f"{counts.accepted}/{counts.sends} accepted, {counts.saved_final} saved final, "
-                   f"{counts.text_equal} text equal, {counts.deltas} deltas, {counts.running_left} running, "
-                   f"{counts.reserved_left} reserved, billing {counts.billing_checked} checked / "
-                   f"{counts.billing_mismatches} mismatches, recovering events "
-                   f"{sum(s.recovering for s in sends)}" + "".join(f"; {n}" for n in notes or []))
+                   f"{counts.text_equal} text equal, {counts.snapshots} from a snapshot, {counts.deltas} deltas, "
+                   f"{counts.running_left} running, {counts.reserved_left} reserved, billing "
+                   f"{counts.billing_checked} checked / {counts.billing_mismatches} mismatches, recovering events "
+                   f"{sum(s.recovering for s in sends)} {sorted({r for s in sends for r in s.reasons})}"
+                   + "".join(f"; {n}" for n in notes or []))
     print(RESULTS[-1])
     assert counts.problems == [], counts.problems
     assert counts.accepted == counts.sends
@@ -144,13 +157,38 @@ async def test_stages_sigkill_is_restarted_and_nothing_is_lost(stack: PrivateSta
     assert stack.restarts("stages") == before + 1
 
 
-async def test_redis_sigkill_and_restart(stack: PrivateStack, user: tuple[str, str]) -> None:
-    async def kill_and_restart() -> None:
-        os.kill(stack.pid("redis"), signal.SIGKILL)
-        await asyncio.sleep(3)
-        await asyncio.to_thread(stack.up, "--backbone-only")  # `up` restarts what died
+REDIS_BACK_S = 30.0  # its supervisor's first backoff (1 s) and Redis's start, with room for a loaded machine
 
-    await _with_fault(stack, user, "Redis SIGKILL + restart", kill_and_restart)
+
+def _redis_answers(stack: PrivateStack, old_pid: int) -> bool:
+    import redis
+
+    try:
+        if stack.pid("redis") == old_pid:
+            return False
+        return bool(redis.Redis.from_url(stack.settings.redis_url, socket_timeout=1).ping())
+    except (OSError, ValueError, redis.RedisError):
+        return False
+
+
+async def test_redis_sigkill_is_restarted_by_its_supervisor(stack: PrivateStack, user: tuple[str, str]) -> None:
+    """Redis SIGKILLed mid-reply: its supervisor starts it again (no `parley up`), the replies complete, and a
+    client told why its reply stalled is told Redis was unreachable, never that its worker was lost."""
+    before = stack.restarts("redis")
+    notes: list[str] = []
+
+    async def kill() -> None:
+        pid = stack.pid("redis")
+        os.kill(pid, signal.SIGKILL)
+        began = time.monotonic()
+        while not await asyncio.to_thread(_redis_answers, stack, pid):
+            assert time.monotonic() - began < REDIS_BACK_S, f"Redis not back {REDIS_BACK_S:.0f} s after SIGKILL"
+            await asyncio.sleep(0.2)
+        notes.append(f"Redis answered again {time.monotonic() - began:.1f} s after SIGKILL")
+
+    _, sends = await _with_fault(stack, user, "Redis SIGKILL, restarted by its supervisor", kill, notes=notes)
+    assert stack.restarts("redis") == before + 1
+    assert not [r for s in sends for r in s.reasons if r == "worker_lost"], [s.reasons for s in sends]
 
 
 async def test_cassandra_sigstop_60s(stack: PrivateStack, user: tuple[str, str]) -> None:
@@ -269,9 +307,12 @@ async def test_kafka_broker_sigkill_loses_no_acknowledged_record(stack: PrivateS
     writer = asyncio.create_task(acked.write())
     notes: list[str] = []
 
+    restarts: dict[str, int] = {}
+
     async def kill_a_leader(seen: list[Send]) -> None:
         node = await _leader_of(stack, stack.settings.topic_prefix + "chat.tokens", seen[0].generation_id)
         name = stack.kafka_nodes()[node - 1]
+        restarts[name] = stack.restarts(name)
         os.kill(stack.pid(name), signal.SIGKILL)
         notes.append(f"killed {name} (node {node}, leader of the first reply's token partition)")
 
@@ -281,7 +322,8 @@ async def test_kafka_broker_sigkill_loses_no_acknowledged_record(stack: PrivateS
     finally:
         acked.stop()
         await writer
-        await asyncio.to_thread(stack.up, "--backbone-only")  # the killed broker rejoins for the tests after
+        await asyncio.to_thread(stack.up, "--backbone-only")  # waits until its supervisor has it answering
+    assert {name: stack.restarts(name) for name in restarts} == {name: n + 1 for name, n in restarts.items()}
     values = await acked.read_back()
     lost = sorted(set(acked.acked) - set(values))
     repeated = len(values) - len(set(values))
@@ -293,42 +335,99 @@ async def test_kafka_broker_sigkill_loses_no_acknowledged_record(stack: PrivateS
 
 
 async def test_kafka_stop_and_start(stack: PrivateStack, user: tuple[str, str]) -> None:
-    """Every broker stopped (SIGTERM) for 20 s, then `parley up`: streams pause, then complete."""
+    """Every broker stopped (SIGTERM) for 20 s, its supervisor held (SIGSTOP) meanwhile, then let go: each
+    supervisor starts its broker again; streams pause, then complete."""
+    names = stack.kafka_nodes()
+    before = {name: stack.restarts(name) for name in names}
+
     async def stop_and_start() -> None:
-        pids = [stack.pid(name) for name in stack.kafka_nodes()]
+        pids = [stack.pid(name) for name in names]
+        supervisors = [stack.supervisor_pid(name) for name in names]
         assert all(process.is_alive(pid) for pid in pids), "a broker was already down before the fault"
         began = time.monotonic()
-        for pid in pids:
-            os.kill(pid, signal.SIGTERM)
-        while any(process.is_alive(pid) for pid in pids) and time.monotonic() - began < 60:
-            await asyncio.sleep(0.5)
-        await asyncio.sleep(max(0.0, 20 - (time.monotonic() - began)))
-        await asyncio.to_thread(stack.up, "--backbone-only")
+        for supervisor in supervisors:
+            os.kill(supervisor, signal.SIGSTOP)
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGTERM)
+            while any(process.is_alive(pid) for pid in pids) and time.monotonic() - began < 60:
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(max(0.0, 20 - (time.monotonic() - began)))
+        finally:
+            for supervisor in supervisors:
+                os.kill(supervisor, signal.SIGCONT)
 
-    await _with_fault(stack, user, "Kafka stopped 20 s + restart (all 3 brokers)", stop_and_start)
+    await _with_fault(stack, user, "Kafka stopped 20 s, restarted by its supervisors (all 3 brokers)",
+                      stop_and_start)
+    assert {name: stack.restarts(name) for name in names} == {name: n + 1 for name, n in before.items()}
 
 
 async def test_cassandra_sigterm_and_restart(stack: PrivateStack, user: tuple[str, str]) -> None:
-    """Cassandra stopped with SIGTERM while replies stream, then `parley up`: nothing saved is lost, every
-    finished reply is saved final and charged once."""
-    async def stop_and_start() -> None:
+    """Cassandra stopped with SIGTERM while replies stream; its supervisor starts it again: nothing saved is
+    lost, every finished reply is saved final and charged once."""
+    before = stack.restarts("cassandra")
+
+    async def stop() -> None:
         pid = stack.pid("cassandra")
         os.kill(pid, signal.SIGTERM)
         began = time.monotonic()
         while process.is_alive(pid) and time.monotonic() - began < 90:
             await asyncio.sleep(0.5)
-        await asyncio.to_thread(stack.up, "--backbone-only")
 
-    await _with_fault(stack, user, "Cassandra SIGTERM + restart", stop_and_start)
+    await _with_fault(stack, user, "Cassandra SIGTERM, restarted by its supervisor", stop)
+    assert stack.restarts("cassandra") == before + 1
+
+
+async def _taken_over(stack: PrivateStack, sends: list[Send], timeout_s: float = 120) -> float:
+    """Until every send's generation has a second owner (its epoch in Redis is 2 or more); the seconds it took."""
+    import redis.asyncio as aioredis
+
+    from infra.stores import keys
+
+    began, client = time.monotonic(), aioredis.Redis.from_url(stack.settings.redis_url)
+    try:
+        while True:
+            epochs = [int(await client.get(keys.generation_epoch(s.generation_id)) or 0) for s in sends]
+            if all(e >= 2 for e in epochs):
+                return time.monotonic() - began
+            assert time.monotonic() - began < timeout_s, f"not taken over after {timeout_s:.0f} s: epochs {epochs}"
+            await asyncio.sleep(0.2)
+    finally:
+        await client.aclose()
+
+
+async def _log_says(path: Path, since: int, needle: bytes, count: int = 1, timeout_s: float = 30) -> int:
+    """How often ``needle`` is in the log past ``since``, once it is there ``count`` times or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while (found := path.read_bytes()[since:].count(needle)) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    return found
+
+
+async def _ready(log: Path, since: int, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 240) -> float:
+    began = time.monotonic()
+    while b"worker ready" not in log.read_bytes()[since:]:
+        assert proc is None or proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() - began < timeout_s, f"{log.name}: no worker ready after {timeout_s:.0f} s"
+        await asyncio.sleep(0.5)
+    return time.monotonic() - began
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 async def test_worker_sigstop_sigcont_is_fenced(stack: PrivateStack, user: tuple[str, str]) -> None:
     """The worker is paused (SIGSTOP) mid-reply; a second worker of the pool joins, is given its partitions
-    and takes the replies over; then the first is let go on (SIGCONT) while they still stream. It must not
-    append to a generation it no longer owns: the clients see no repeated or interleaved tokens."""
-    import subprocess
-    import sys
-
+    and takes the replies over; then the first is let go on (SIGCONT) while its engine still holds them. It
+    must not append to a generation it no longer owns: it meets its fence, and the clients see no repeated
+    or interleaved tokens."""
     paused = stack.child_pid("worker-small")
     log_file = stack.state_dir / "logs" / "worker-small.log"
     log_from = log_file.stat().st_size
@@ -336,35 +435,98 @@ async def test_worker_sigstop_sigcont_is_fenced(stack: PrivateStack, user: tuple
     second: subprocess.Popen[bytes] | None = None
     notes: list[str] = []
 
-    async def pause_then_resume() -> None:
+    async def pause_then_resume(seen: list[Send]) -> None:
         nonlocal second
         os.kill(paused, signal.SIGSTOP)
-        with second_log.open("wb") as out:
-            second = subprocess.Popen([sys.executable, "-m", "infra.local.cli", "worker", "--pool", "small",
-                                       "--metrics-port", "0"], env=stack.env, stdout=out, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
         began = time.monotonic()
-        while b"worker ready" not in second_log.read_bytes():
-            assert second.poll() is None, second_log.read_text()[-3000:]
-            assert time.monotonic() - began < 240, "the second worker did not start"
-            await asyncio.sleep(0.5)
-        await asyncio.sleep(1)  # it joins the group and takes the paused worker's partitions
+        second = stack.second_worker(second_log)
+        await _ready(second_log, 0, second)
+        took = await _taken_over(stack, seen)  # the second worker took every generation under a newer epoch
         os.kill(paused, signal.SIGCONT)
-        notes.append(f"paused {time.monotonic() - began:.1f} s")
+        notes.append(f"paused {time.monotonic() - began:.1f} s, taken over {took:.1f} s after the second was ready")
 
     try:
         await _with_fault(stack, user, "worker SIGSTOP, taken over, SIGCONT", pause_then_resume, replies=2,
                           notes=notes)
-        await asyncio.sleep(3)  # the woken worker meets its fence
-        fenced = log_file.read_bytes()[log_from:].count(b"fenced off")
+        fenced = await _log_says(log_file, log_from, b"fenced off")
         RESULTS.append(f"  the woken worker stopped {fenced} generation(s) at its fence")
         print(RESULTS[-1])
+        assert fenced >= 1, "the woken worker never met its fence"
     finally:
-        if second is not None:
-            os.killpg(second.pid, signal.SIGTERM)
-            try:
-                second.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(second.pid, signal.SIGKILL)
+        _stop(second)
         with contextlib.suppress(ProcessLookupError):
             os.kill(paused, signal.SIGCONT)
+
+
+# ------------------------------------------------------------------ hand-over to a second replica
+
+
+def _paid_partitions(log: Path, since: int) -> set[int] | None:
+    """The ``generate.small.paid`` partitions of a worker's latest assignment logged past ``since``."""
+    lines = [line for line in log.read_bytes()[since:].decode(errors="replace").splitlines() if " assigned [" in line]
+    return {int(n) for n in re.findall(r"generate\.small\.paid\[(\d+)\]", lines[-1])} if lines else None
+
+
+async def _settled(logs: list[Path], since: list[int], partitions: int = 4, timeout_s: float = 90) -> list[set[int]]:
+    """Until the workers' latest assignments split the paid lane's partitions between them, each holding some."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = [_paid_partitions(log, at) for log, at in zip(logs, since, strict=True)]
+        if all(held) and set().union(*held) == set(range(partitions)) and sum(map(len, held)) == partitions:  # type: ignore[arg-type]
+            return held  # type: ignore[return-value]
+        assert time.monotonic() < deadline, f"the group did not settle: {held}"
+        await asyncio.sleep(0.5)
+
+
+def _placed(stages_log: Path, generation_id: str) -> int:
+    """The paid-lane partition the scheduler put a generation on (its log line, ids only)."""
+    found = re.search(rf"generation {re.escape(generation_id)} -> generate\.small\.paid\[(\d+)\]",
+                      stages_log.read_text(errors="replace"))
+    assert found, f"the scheduler's log does not place {generation_id}"
+    return int(found.group(1))
+
+
+async def test_worker_sigkill_hands_its_replies_to_the_other_replica(stack: PrivateStack,
+                                                                      user: tuple[str, str]) -> None:
+    """Two workers serve the pool in one consumer group. The one holding the first reply is SIGKILLed
+    mid-reply: the group's session timeout notices, the rebalance gives its partitions to the other, which
+    resumes each of its replies from the saved tokens (one prefill) long before the dead one would have
+    reloaded. Every reply completes exactly; the longest client stall is printed."""
+    logs = [stack.state_dir / "logs" / "worker-small.log", stack.state_dir / "logs" / "worker-small-handover.log"]
+    since = [logs[0].stat().st_size, 0]
+    second: subprocess.Popen[bytes] | None = None
+    notes: list[str] = []
+    fault: dict[str, object] = {}  # what the kill chose: the victim (0 the supervised worker, 1 the second) ...
+
+    async def kill_the_first_replys_worker(seen: list[Send]) -> None:
+        stages = stack.state_dir / "logs" / "stages.log"
+        where = [_placed(stages, s.generation_id) for s in seen]
+        victim = next(i for i, parts in enumerate(held) if where[0] in parts)
+        fault.update(victim=victim, log_at=logs[victim].stat().st_size, at=time.monotonic(),
+                     moved=[s.generation_id for s, part in zip(seen, where, strict=True) if part in held[victim]])
+        os.kill(stack.child_pid("worker-small") if victim == 0 else second.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        notes.append(f"killed {logs[victim].stem} holding {len(fault['moved'])} of {len(seen)} replies")  # type: ignore[arg-type]
+
+    try:
+        second = stack.second_worker(logs[1])
+        await _ready(logs[1], 0, second)
+        held = await _settled(logs, since)
+        conversations = [await new_conversation(stack.url, user[1]) for _ in range(3)]
+        _, sends = await _with_fault(stack, user, "worker SIGKILL with a second replica",
+                                     kill_the_first_replys_worker, notes=notes, conversations=conversations)
+        moved, survivor = fault["moved"], 1 - int(fault["victim"])  # type: ignore[call-overload]
+        resumed = [g for g in moved if await _log_says(logs[survivor], since[survivor],  # type: ignore[attr-defined]
+                                                       f"generation {g} resumed at seq".encode(), timeout_s=5)]
+        stall = max(s.longest_gap_s for s in sends if s.generation_id in moved)  # type: ignore[operator]
+        line = (f"  hand-over: {len(resumed)}/{len(moved)} replies of the killed worker resumed on "  # type: ignore[arg-type]
+                f"{logs[survivor].stem}, their longest client stall {stall:.1f} s")
+        if fault["victim"] == 0:
+            await _ready(logs[0], int(fault["log_at"]))  # type: ignore[call-overload]
+            line += f"; the killed worker was ready again {time.monotonic() - fault['at']:.1f} s after the kill"  # type: ignore[operator]
+        RESULTS.append(line)
+        print(line)
+        assert moved and resumed == moved
+    finally:
+        _stop(second)
+        if fault.get("victim") == 0:
+            await _ready(logs[0], int(fault["log_at"]))  # type: ignore[call-overload]  # the tests after need it

@@ -30,3 +30,19 @@ def test_each_broken_invariant_is_reported() -> None:
     assert "lost: 2xx send without" in text and "stuck: assistant message still 'generating'" in text
     assert "short: streamed 3 chars != saved 5" in text and "twice: delta ids repeated" in text
     assert "open: the client's stream never ended" in text and counts.text_equal == 1
+
+
+def test_a_reply_ended_other_than_expected_is_a_problem() -> None:
+    sends = [Send("u", "c", 200, "f", [(1, "a")], "error"), Send("u", "c", 200, "s", [(1, "a")], "stopped")]
+    counts = check_streams(sends, {"f": saved("f", "a", "failed"), "s": saved("s", "a", "stopped")})
+    text = "\n".join(counts.problems)
+    assert "f: ended 'failed'" in text and "s: ended 'stopped'" in text
+    assert not check_streams(sends[1:], {"s": saved("s", "a", "stopped")}, frozenset({"stopped"})).problems
+
+
+def test_a_snapshot_is_not_counted_as_text_equal_and_its_prefix_is_checked() -> None:
+    good = Send("u", "c", 200, "g", [(1, "Pa")], "end", snapshot="Paris")
+    bad = Send("u", "c", 200, "b", [(1, "Lo")], "end", snapshot="Paris")
+    counts = check_streams([good, bad], {"g": saved("g", "Paris"), "b": saved("b", "Paris")})
+    assert counts.text_equal == 0 and counts.snapshots == 1
+    assert counts.problems == ["b: streamed 2 chars before a snapshot, not a prefix of the saved 5"]
