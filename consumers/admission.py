@@ -79,7 +79,11 @@ def precheck(event: MessageSubmitted, rules: AdmissionRules) -> RequestRefused |
 
 
 def estimate_prompt(event: MessageSubmitted, rules: AdmissionRules) -> int:
-    return int(len(event.content) / rules.chars_per_token) + 1 + rules.history_allowance
+    """The message, the client's system turns (its instructions and any tool definitions: the prompt always
+    keeps them whole) and an allowance for earlier turns."""
+    system = sum(len(t.content) for t in event.history if t.role == "system") \
+        if isinstance(event.history, list) else 0
+    return int((len(event.content) + system) / rules.chars_per_token) + 1 + rules.history_allowance
 
 
 def route(event: MessageSubmitted, rules: AdmissionRules) -> tuple[str, str]:

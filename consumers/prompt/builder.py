@@ -48,12 +48,15 @@ class PromptBuilder:
     def __init__(self, conversations: Conversations, records: Records, topics: Topics,
                  tokenizer_for_pool: Callable[[str], Any], budget: int, max_model_len: Callable[[str], int],
                  quota: Any = None, keep_nothing: frozenset[str] = frozenset(), redis: Any = None,
-                 overflow_pool: str = "small", same_model: Callable[[str, str], bool] = lambda a, b: True) -> None:
-        """``same_model(a, b)``: pools ``a`` and ``b`` serve one model (a prompt's token ids are valid for both)."""
+                 overflow_pool: str = "small", same_model: Callable[[str, str], bool] = lambda a, b: True,
+                 honours: Callable[[str, str | None], bool] = lambda pool, tool_call: True) -> None:
+        """``same_model(a, b)``: pools ``a`` and ``b`` serve one model (a prompt's token ids are valid for both);
+        ``honours(pool, tool_call)``: ``pool`` can write a reply read for function calls that way."""
         self.conversations, self.records, self.topics = conversations, records, topics
         self.keep_nothing = keep_nothing  # no-retention plans: the prompt is built, no text is stored
         self.tokenizer_for_pool, self.budget, self.max_model_len = tokenizer_for_pool, budget, max_model_len
         self.quota, self.redis, self.overflow_pool, self.same_model = quota, redis, overflow_pool, same_model
+        self.honours = honours
         self.finished = (FinishedReplies(redis, sealer=getattr(conversations, "sealer", None))
                          if redis is not None else None)
 
@@ -109,7 +112,9 @@ class PromptBuilder:
             assistant_message_id=req.generation_id, turn=turn, prompt_token_ids=window.ids,
             max_tokens=window.max_tokens, reserved_tokens=req.reserved_tokens,
             turns_kept=window.fitted.turns_kept, summary_used=window.fitted.summary_used,
-            route_reason=req.route_reason, temperature=req.temperature, question=user_message.content[:500],
+            route_reason=req.route_reason, temperature=req.temperature,
+            # A request for function calls is never answered by a prepared reply (plain text, no call).
+            question="" if _tool_call(req) else user_message.content[:500],
             sampling=req.sampling, alternates=built.alternates,
             deadline=req.deadline), req.conversation_id)]
         dropped = window.fitted.dropped_upto_turn
@@ -176,7 +181,9 @@ class PromptBuilder:
             return window
         alternates = []
         other = self.overflow_pool
-        if req.pool != other and self._can_overflow(other):
+        # No alternate for a pool that cannot honour the request's function calls: the scheduler then keeps it
+        # on its own pool (or refuses it) rather than drop the guarantee.
+        if req.pool != other and self._can_overflow(other) and self.honours(other, _tool_call(req)):
             if not self.same_model(req.pool, other) or self.max_model_len(other) != self.max_model_len(req.pool):
                 alt = self._fit(req, turns, summary, other)
                 if isinstance(alt, Window):  # no alternate: the scheduler will not overflow this one
@@ -270,3 +277,8 @@ class PromptBuilder:
 
 async def _none() -> None:
     return None
+
+
+def _tool_call(req: RequestAdmitted) -> str | None:
+    """How the reply holds function calls (``Sampling.tool_call``), if the client asked for any."""
+    return getattr(req.sampling, "tool_call", None)

@@ -84,7 +84,8 @@ def prompt_stage(r: Resources) -> Stage:
     prompts = builder.PromptBuilder(Conversations(r.db, r.sealer), Records(r.db, r.sealer), r.topics, r.tokenizer,
                                     r.settings.prompt_budget_tokens, lambda pool: r.pools[pool].max_model_len,
                                     quota=r.quota, keep_nothing=r.keep_nothing, redis=r.redis,
-                                    same_model=lambda a, b: r.pools[a].model_path == r.pools[b].model_path)
+                                    same_model=lambda a, b: r.pools[a].model_path == r.pools[b].model_path,
+                                    honours=lambda pool, tool_call: r.pools[pool].honours(tool_call))
     # Keyed by conversation: turns of one conversation are placed in order; other conversations concurrently.
     return Stage(builder.ROLE, r.settings, (RequestAdmitted, InputBlocked), prompts.handle, per_key=True,
                  sealer=r.sealer)

@@ -12,15 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
-from producers.gateway import sampling_params
+from producers.gateway import sampling_params, tools
+from producers.gateway import tool_calls as calls
 from producers.gateway.errors import ApiError
 from producers.gateway.sampling_params import CompatError, invalid
 from producers.gateway.text import first_non_unicode
 from schemas import GenerationFinished, Usage, id_time_ms
 from schemas.gateway import ChatTurn
-from schemas.sampling import Sampling, TokenLogprob
+from schemas.sampling import ResponseFormat, Sampling, TokenLogprob
 
 __all__ = ["CompatError", "invalid"]
 # OpenAI's own paths: their errors (and unknown paths under /v1) answer in OpenAI's shape.
@@ -32,14 +34,10 @@ FINISH_REASONS = {"complete": "stop", "stopped": "stop", "length": "length",  # 
                   "blocked": "content_filter"}  # the output check cut the reply; its text is the notice
 HISTORY_CHARS_FACTOR = 4  # all messages together: up to 4x the one-message limit (Kafka's record size)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-IGNORED = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
-                     "parallel_tool_calls"})
+IGNORED = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key"})
+TOOL_PARAMS = frozenset({"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"})
 # Parameters Parley does not implement: accepted only at the value that means "not used".
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": ((None, []), "Parley has no tool or function calling."),
-    "functions": ((None, []), "Parley has no tool or function calling."),
-    "tool_choice": ((None, "none"), "Parley has no tool or function calling."),
-    "function_call": ((None, "none"), "Parley has no tool or function calling."),
     "audio": ((None,), "Parley has no audio output."),
     "modalities": ((None, ["text"]), "Parley replies in text only (['text'])."),
     "logit_bias": ((None, {}), "Parley has no logit bias: token ids differ between its pools' tokenizers."),
@@ -49,7 +47,7 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "web_search_options": ((None,), "Parley has no web search."),
 }
 KNOWN = frozenset({"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens"}) \
-    | sampling_params.NAMES | IGNORED | UNSUPPORTED.keys()
+    | sampling_params.NAMES | IGNORED | UNSUPPORTED.keys() | TOOL_PARAMS
 
 
 @dataclass(frozen=True)
@@ -62,6 +60,7 @@ class ChatRequest:
     include_usage: bool
     sampling: Sampling | None = None
     n: int = 1
+    tools: tools.ToolRequest | None = None  # None: no tools, or tool_choice none with no calls in the history
 
     @property
     def content(self) -> str:
@@ -86,12 +85,33 @@ def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_c
         if body.get(name) not in unused:
             raise invalid(f"'{name}' is not supported: {why}", name, "unsupported_parameter")
     pool = resolve_model(body.get("model"), models, default_pool)
-    history = messages(body.get("messages"), max_message_chars)
+    tool_request = tools.parse(body)
+    history = messages(body.get("messages"), max_message_chars, tool_request)
     stream = _bool(body.get("stream"), "stream")
     max_tokens = _max_tokens(body)
     sampled = sampling_params.parse(body, max_tokens)
     return ChatRequest(pool, history, max_tokens, sampled.temperature, stream,
-                       _include_usage(body.get("stream_options"), stream), sampled.sampling, sampled.n)
+                       _include_usage(body.get("stream_options"), stream),
+                       _with_tools(sampled.sampling, tool_request), sampled.n,
+                       tool_request if tool_request is not None and tool_request.calls else None)
+
+
+def _with_tools(sampling: Sampling | None, request: tools.ToolRequest | None) -> Sampling | None:
+    """``required`` and a named function: the engine writes the calls as JSON fitting the tools' schema
+    (structured outputs); ``auto``: free text read for <tool_call> blocks, stopped after the first call when
+    parallel calls are off."""
+    if request is None or not request.calls:
+        return sampling
+    base = sampling or Sampling()
+    if base.response_format is not None:
+        raise invalid("'response_format' cannot be combined with tools unless 'tool_choice' is 'none': the "
+                      "reply is either the calls or the JSON you asked for.", "response_format")
+    if request.guided:
+        schema = orjson.dumps(request.schema()).decode()
+        return msgspec.structs.replace(base, tool_call="json",
+                                       response_format=ResponseFormat(type="json_schema", json_schema=schema))
+    stop = base.stop if request.parallel else [*(base.stop or []), calls.CLOSE]
+    return msgspec.structs.replace(base, tool_call="hermes", stop=stop)
 
 
 def resolve_model(model: Any, models: Mapping[str, str], default_pool: str) -> str:
@@ -108,10 +128,14 @@ def resolve_model(model: Any, models: Mapping[str, str], default_pool: str) -> s
                                               f"to it. Choose one of: {names}.", "model")
 
 
-def messages(raw: Any, max_message_chars: int) -> list[ChatTurn]:
+def messages(raw: Any, max_message_chars: int, tool_request: tools.ToolRequest | None = None) -> list[ChatTurn]:
     if not isinstance(raw, list) or not raw:
         raise invalid("'messages' must be a non-empty array.", "messages")
-    turns = [_turn(m, i) for i, m in enumerate(raw)]
+    turns = [_turn(m, i) for i, m in enumerate(tools.flatten(raw, _text))]
+    listed = tool_request.system_text() if tool_request is not None else None
+    if listed is not None:  # after the client's own instructions
+        at = next((i for i, t in enumerate(turns) if t.role != "system"), len(turns))
+        turns.insert(at, ChatTurn("system", listed))
     last = turns[-1]
     if last.role != "user":
         raise invalid("The last message must be the user's: Parley answers a user message.", "messages")
@@ -132,11 +156,8 @@ def _turn(message: Any, i: int) -> ChatTurn:
     if not isinstance(message, dict):
         raise invalid(f"{where} must be an object with 'role' and 'content'.", where)
     role = message.get("role")
-    if role in ("tool", "function") or message.get("tool_calls") or message.get("function_call"):
-        raise invalid(f"{where}: tools and function calling are not supported.", f"{where}.role",
-                      "unsupported_parameter")
     if role not in ROLES:
-        raise invalid(f"{where}.role must be one of system, developer, user, assistant; got {role!r}.",
+        raise invalid(f"{where}.role must be one of system, developer, user, assistant, tool; got {role!r}.",
                       f"{where}.role")
     if message.get("audio") is not None:
         raise invalid(f"{where}: audio is not supported.", f"{where}.audio", "unsupported_parameter")
@@ -206,8 +227,8 @@ def logprobs_json(tokens: list[TokenLogprob] | None) -> dict[str, Any] | None:
                                           for a in t.top]} for t in tokens], "refusal": None}
 
 
-def completion(finished: list[GenerationFinished],
-               logprobs: list[list[TokenLogprob] | None] | None = None) -> dict[str, Any]:
+def completion(finished: list[GenerationFinished], logprobs: list[list[TokenLogprob] | None] | None = None,
+               tool_request: tools.ToolRequest | None = None) -> dict[str, Any]:
     """The ``chat.completion`` object for replies (one per choice) that ended complete, stopped or at
     their length cap."""
     first = finished[0]
@@ -215,10 +236,18 @@ def completion(finished: list[GenerationFinished],
     return {"id": completion_id(first.generation_id), "object": "chat.completion",
             "created": id_time_ms(first.generation_id) // 1000, "model": first.model,
             "system_fingerprint": None,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": f.text, "refusal": None},
-                         "logprobs": logprobs_json(lp), "finish_reason": FINISH_REASONS[f.status]}
+            "choices": [{"index": i, **_choice(f, tool_request), "logprobs": logprobs_json(lp)}
                         for i, (f, lp) in enumerate(zip(finished, logprobs, strict=True))],
             "usage": usage_json(total_usage([f.usage for f in finished]))}
+
+
+def _choice(f: GenerationFinished, tool_request: tools.ToolRequest | None) -> dict[str, Any]:
+    if tool_request is None or f.status == "blocked":  # a cut reply's text is the notice
+        return {"message": {"role": "assistant", "content": f.text, "refusal": None},
+                "finish_reason": FINISH_REASONS[f.status]}
+    read = calls.read_whole(tool_request, f.generation_id, f.text)
+    return {"message": calls.message(tool_request, read),
+            "finish_reason": calls.finish_reason(tool_request, read, FINISH_REASONS[f.status])}
 
 
 def chunk(generation_id: str, model: str, delta: dict[str, Any] | None, finish_reason: str | None = None,

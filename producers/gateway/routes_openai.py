@@ -19,10 +19,13 @@ from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from infra.config.pools import PoolConfigError, load_pools
+from infra.config.settings import Settings
 from infra.stores.accounts import User
 from producers.gateway import jobs as jobs_
 from producers.gateway import openai_compat as compat
-from producers.gateway import ratelimit, sampling_params, submission
+from producers.gateway import ratelimit, sampling_params, submission, tools
+from producers.gateway import tool_calls as calls
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.jobs import CancelOnLeave, Job
 from producers.gateway.routes_chat import SSE_HEADERS
@@ -68,7 +71,41 @@ EXAMPLE = {"model": "large", "messages": [{"role": "user", "content": "What is t
 @router.get("/models/{model_id:path}", tags=["models"])
 async def retrieve_model(request: Request, model_id: str, user: User = Depends(current_user)) -> dict[str, Any]:
     gw = gateway_of(request)
-    return compat.model_object(model_id, gw.models, gw.settings.default_pool)
+    found = compat.model_object(model_id, gw.models, gw.settings.default_pool)
+    modes = tool_modes(gw.settings).get(found.get("pool", found["id"]))
+    return {**found, "tool_choice": list(modes)} if modes is not None else found
+
+
+def tool_modes(settings: Settings) -> dict[str, tuple[str, ...]]:
+    """Each pool's ``tool_choice`` modes, as pools.toml declares them (read once per file and overrides)."""
+    key = (str(settings.pools_file), settings.pool_overrides)
+    if key not in _TOOL_MODES:
+        try:
+            _TOOL_MODES[key] = {name: pool.tool_choices for name, pool in load_pools(settings).items()}
+        except PoolConfigError:  # no pools file here: every pool answers as a vLLM pool without a parser
+            _TOOL_MODES[key] = {}
+    return _TOOL_MODES[key]
+
+
+_TOOL_MODES: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, tuple[str, ...]]] = {}
+
+
+def check_tools(settings: Settings, pool: str, request: tools.ToolRequest | None) -> None:
+    """400 when the pool cannot honour the request's ``tool_choice`` (it says which pools can)."""
+    if request is None:
+        return
+    modes = tool_modes(settings)
+    have = modes.get(pool, ("none", "required", "named"))
+    if request.choice in have:
+        return
+    able = [p for p, m in modes.items() if request.choice in m]
+    why = ("it declares no tool parser: its model was not set up to decide on its own when to call a function"
+           if request.choice == "auto" else "it has no structured outputs (a simulated engine)")
+    instead = f" Pools that can: {', '.join(able)}." if able else ""
+    also = " Or ask for tool_choice 'required' or a named function." if request.choice == "auto" and \
+        "required" in have else ""
+    raise compat.invalid(f"The model pool '{pool}' cannot honour tool_choice '{request.choice}': {why}.{instead}"
+                         f"{also}", "tool_choice", "unsupported_tool_choice")
 
 
 @router.post("/chat/completions", response_model=None,
@@ -78,6 +115,7 @@ async def chat_completions(request: Request, body: Any = Body(..., examples=[EXA
     """OpenAI-compatible chat completion; see the README for what is not supported (a 400 names it)."""
     gw = gateway_of(request)
     chat = compat.parse(body, gw.models, gw.settings.default_pool, gw.settings.max_message_chars)
+    check_tools(gw.settings, chat.pool, chat.tools)
     check_n(gw, user, chat.n)
     slot = gw.streams.take(user.user_id)  # held while the reply streams or is waited for
     try:
@@ -86,9 +124,9 @@ async def chat_completions(request: Request, body: Any = Body(..., examples=[EXA
         headers = {"X-Generation-Id": jobs[0].generation_id, "X-Conversation-Id": jobs[0].conversation_id,
                    **limits}
         if chat.stream:
-            return slot.holding(CancelOnLeave(_chunks(jobs, chat.include_usage), jobs,
+            return slot.holding(CancelOnLeave(_chunks(jobs, chat.include_usage, chat.tools), jobs,
                                               media_type="text/event-stream", headers=dict(SSE_HEADERS, **headers)))
-        return JSONResponse(await _completion(request, jobs), headers=headers)
+        return JSONResponse(await _completion(request, jobs, chat.tools), headers=headers)
     except BaseException:
         slot.release()
         raise
@@ -130,7 +168,8 @@ async def submit_choices(gw: Gateway, user: User, chat: compat.ChatRequest) -> l
     return jobs
 
 
-async def _completion(request: Request, jobs: list[Job]) -> dict[str, Any]:
+async def _completion(request: Request, jobs: list[Job], tool_request: tools.ToolRequest | None = None
+                      ) -> dict[str, Any]:
     beats = [job.reading() for job in jobs]
     done: dict[int, GenerationFinished] = {}
     logprobs: dict[int, list[TokenLogprob]] = {}
@@ -152,7 +191,8 @@ async def _completion(request: Request, jobs: list[Job]) -> dict[str, Any]:
                 done[job.index] = event
                 if len(done) == len(jobs):
                     return compat.completion([done[i] for i in range(len(jobs))],
-                                             [logprobs.get(i) if logprobs else None for i in range(len(jobs))])
+                                             [logprobs.get(i) if logprobs else None for i in range(len(jobs))],
+                                             tool_request)
         raise compat.CompatError(499, "client_closed", "The client closed the request.")
     finally:
         for beat in beats:
@@ -161,9 +201,11 @@ async def _completion(request: Request, jobs: list[Job]) -> dict[str, Any]:
             job.close()
 
 
-async def _chunks(jobs: list[Job], include_usage: bool) -> AsyncGenerator[bytes, None]:
+async def _chunks(jobs: list[Job], include_usage: bool, tool_request: tools.ToolRequest | None = None
+                  ) -> AsyncGenerator[bytes, None]:
     gid, beats = jobs[0].generation_id, [job.reading() for job in jobs]
     sent = {job.index: "" for job in jobs}
+    readers = {job.index: calls.reader(tool_request, job.generation_id) for job in jobs} if tool_request else {}
     usages: dict[int, Any] = {}
     opened: set[int] = set()
 
@@ -186,6 +228,11 @@ async def _chunks(jobs: list[Job], include_usage: bool) -> AsyncGenerator[bytes,
                 sent[job.index] += event.text
                 if job.index not in opened:
                     yield role(job)
+                if tool_request is not None:
+                    for line in _tool_chunks(gid, job.model, tool_request, readers[job.index],
+                                             readers[job.index].feed(event.text), include_usage, job.index):
+                        yield line
+                    continue
                 yield compat.chunk(gid, job.model, {"content": event.text}, include_usage=include_usage,
                                    index=job.index,
                                    logprobs=event.logprobs if isinstance(event.logprobs, list) else None)
@@ -198,7 +245,10 @@ async def _chunks(jobs: list[Job], include_usage: bool) -> AsyncGenerator[bytes,
                 if event.status == "failed":
                     yield _failed(event)
                     return
-                for line in [role(job), *_ending(gid, job.index, event, sent[job.index], include_usage)]:
+                ending = _tool_ending(gid, job.index, event, sent[job.index], include_usage, tool_request,
+                                      readers[job.index]) if tool_request is not None and event.status != "blocked" \
+                    else _ending(gid, job.index, event, sent[job.index], include_usage)
+                for line in [role(job), *ending]:
                     if line:
                         yield line
                 usages[job.index] = event.usage
@@ -230,3 +280,20 @@ def _ending(gid: str, index: int, event: GenerationFinished, sent: str, include_
     lines.append(compat.chunk(gid, event.model, {}, compat.FINISH_REASONS[event.status],
                               include_usage=include_usage, index=index))
     return lines
+
+
+def _tool_chunks(gid: str, model: str, tool_request: tools.ToolRequest, reader: calls.Reader,
+                 deltas: list[calls.Delta], include_usage: bool, index: int) -> list[bytes]:
+    shown = [calls.delta_json(tool_request, reader, d) for d in deltas]
+    return [compat.chunk(gid, model, delta, include_usage=include_usage, index=index) for delta in shown if delta]
+
+
+def _tool_ending(gid: str, index: int, event: GenerationFinished, sent: str, include_usage: bool,
+                 tool_request: tools.ToolRequest, reader: calls.Reader) -> list[bytes]:
+    """A choice read for calls: what the deltas did not carry, what the reader held back, then the finish
+    (``tool_calls`` when it called a function)."""
+    rest = event.text[len(sent):] if event.text.startswith(sent) else ""
+    deltas = (reader.feed(rest) if rest else []) + reader.close()
+    lines = _tool_chunks(gid, event.model, tool_request, reader, deltas, include_usage, index)
+    reason = calls.finish_reason(tool_request, reader, compat.FINISH_REASONS[event.status])
+    return [*lines, compat.chunk(gid, event.model, {}, reason, include_usage=include_usage, index=index)]

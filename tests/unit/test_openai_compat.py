@@ -70,8 +70,7 @@ def test_the_served_model_name_means_the_default_pool_and_unknown_models_are_404
 
 
 @pytest.mark.parametrize("param, value", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-    ("functions", [{"name": "f"}]), ("audio", {"voice": "alloy"}), ("modalities", ["audio"]),
+    ("audio", {"voice": "alloy"}), ("modalities", ["audio"]),
     ("logit_bias", {"50256": -100}), ("prediction", {"type": "content", "content": "x"}),
 ])
 def test_unsupported_features_get_a_400_naming_the_parameter(param: str, value: Any) -> None:
@@ -227,8 +226,8 @@ def test_openai_paths_answer_errors_in_openai_shape_and_native_paths_keep_theirs
 
 def test_unsupported_and_unknown_models_are_refused_before_anything_is_submitted(client: TestClient) -> None:
     tools = client.post("/v1/chat/completions", headers=GOOD, json={
-        "model": "large", "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]})
-    assert tools.status_code == 400 and tools.json()["error"]["param"] == "tools"
+        "model": "large", "messages": USER, "tools": [{"type": "web_search"}]})
+    assert tools.status_code == 400 and tools.json()["error"]["param"] == "tools[0].type"
     unknown = client.post("/v1/chat/completions", headers=GOOD, json={"model": "gpt-9", "messages": USER})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
 
