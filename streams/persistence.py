@@ -86,7 +86,10 @@ class Persistence:
         conv = await self.conversations.get(e.conversation_id)
         if conv is None:
             return []  # deleted: nothing is written for it any more
-        existing = await self.conversations.get_message(e.conversation_id, e.turn, e.message_id)
+        # The reply's placeholder (its created_at) and the user message it answers (indexed with it): one read.
+        turn = await self.conversations.messages_of_turn(e.conversation_id, e.turn,
+                                                         {e.message_id} | ({e.parent_id} if e.parent_id else set()))
+        existing = turn.get(e.message_id)
         await self.conversations.save_message(Message(
             e.conversation_id, e.turn, e.message_id, "assistant", e.text, status=e.status,
             tokens_in=e.usage.prompt_tokens, tokens_out=e.usage.completion_tokens,
@@ -103,18 +106,18 @@ class Persistence:
         # the pipeline's CPU per API reply, and the title a second generation nobody would read.
         page = conv.source != "api"
         if page:
-            await self._index(e)
+            await self._index(e, turn.get(e.parent_id) if e.parent_id else None)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
                  e.usage.prompt_tokens, e.usage.completion_tokens)
         if page and conv.title is None and e.text.strip():  # complete, stopped or cut at the length limit alike
-            return await self._ask_for_title(e)
+            user = turn.get(e.parent_id) if e.parent_id else None
+            return await self._ask_for_title(e, user.content if user is not None else "")
         return []
 
-    async def _index(self, e: GenerationFinished) -> None:
+    async def _index(self, e: GenerationFinished, user: Message | None) -> None:
         """The exchange becomes searchable once its reply is saved (the user message with it: off the hot path)."""
         if self.search is None:
             return
-        user = await self.conversations.get_message(e.conversation_id, e.turn, e.parent_id) if e.parent_id else None
         entries = [(user.message_id, e.turn, user.content)] if user is not None else []
         if e.text.strip():
             entries.append((e.message_id, e.turn, e.text))
@@ -127,11 +130,9 @@ class Persistence:
             model_pool=e.pool, model=e.model, replica=e.worker_id, queued_at=e.started_at or None,
             first_token_at=e.first_token_at or None, finished_at=e.at)
 
-    async def _ask_for_title(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
+    async def _ask_for_title(self, e: GenerationFinished, user: str) -> list[tuple[str, Any, str]]:
         if not await self.redis.set(keys.title_requested(e.conversation_id), e.generation_id, nx=True, ex=86400):
             return []  # asked already (this event is a redelivery, or another turn got there first)
-        messages = await self.conversations.all_messages(e.conversation_id)
-        user = next((m.content for m in messages if m.message_id == e.parent_id), "")
         ids = self.chat_ids([{"role": "system", "content": TITLE_INSTRUCTION},
                              {"role": "user", "content": f"User: {user[:1500]}\nAssistant: {e.text[:1500]}"}])
         request = GenerationRequested(

@@ -150,6 +150,9 @@ class FakeConversations:
     async def all_messages(self, conversation_id: str) -> list[Message]:
         return [m for k, m in sorted(self.messages.items()) if k[0] == conversation_id]
 
+    async def messages_of_turn(self, conversation_id: str, turn: int, message_ids: set[str]) -> dict[str, Message]:
+        return {k[2]: m for k, m in self.messages.items() if k[:2] == (conversation_id, turn) and k[2] in message_ids}
+
 
 class FakeRecords:
     def __init__(self) -> None:

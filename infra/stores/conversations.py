@@ -261,6 +261,14 @@ class Conversations:
             "AND message_id = ?", (conversation_id, turn, message_id))
         return await self._opened(Message(**{c: getattr(rows[0], c) for c in MESSAGE_COLUMNS})) if rows else None
 
+    async def messages_of_turn(self, conversation_id: str, turn: int, message_ids: set[str]) -> dict[str, Message]:
+        """Of one turn's messages (a partition slice: one statement), those named, opened, by id."""
+        rows = await self.db.execute(
+            f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM messages WHERE conversation_id = ? AND turn = ?",
+            (conversation_id, turn))
+        return {r.message_id: await self._opened(Message(**{c: getattr(r, c) for c in MESSAGE_COLUMNS}))
+                for r in rows if r.message_id in message_ids}
+
     async def claim_client_message(self, conversation_id: str, client_message_id: str, generation_id: str,
                                    message_id: str, turn: int) -> ClientMessageClaim:
         """Lightweight transaction: the first request with this client_message_id wins."""

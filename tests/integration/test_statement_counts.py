@@ -1,11 +1,13 @@
-"""Cassandra statements one request costs, counted by Cassandra itself.
+"""Cassandra statements and Kafka records one request costs, counted by Cassandra and Kafka themselves.
 
 A private service on sim engines (gateway, stages, workers, as `parley up` starts them) runs on a keyspace of
 its own, so ``system_views``' per-table coordinator counters move only for what it does. One chat message (user
 message to saved reply, usage and search index included) and one OpenAI chat completion are sent, the counters
 are read before and after the pipeline has gone quiet, and the difference is printed per table and bounded:
 a later feature cannot quietly double a request's cost. Deterministic: one request at a time, and the stages'
-timers touch Cassandra only for records they did not count themselves.
+timers touch Cassandra only for records they did not count themselves. Kafka records are the growth of every
+topic of the service's own prefix (changelogs included); the token records depend on the flush window's timing,
+so they are bounded per token, the rest exactly.
 """
 from __future__ import annotations
 
@@ -18,14 +20,23 @@ import pytest
 
 from infra.config.settings import Settings
 from infra.local.loadtest_service import PrivateService, ServiceSpec, SimPool, launch
+from producers.loadgen.offsets import prefixed_end_offsets
 from producers.loadgen.statements import StatementCounter, difference
 
 pytestmark = pytest.mark.integration
 
 # Budgets (docs/performance.md, "Cassandra statements per request"): the issue's targets are 8 and 6.
-PER_CHAT_MESSAGE = 30  # the first of a conversation: its title is asked for, saved and indexed too (28)
-PER_FOLLOW_UP = 24  # 22
+PER_CHAT_MESSAGE = 28  # the first of a conversation: its title is asked for, saved and indexed too (26)
+PER_FOLLOW_UP = 23  # 21
 PER_OPENAI_REQUEST = 21  # 20
+# Kafka records a request writes besides its token records (docs/performance.md, "Kafka records per request").
+# Each: chat.requests, .admitted, .prompts, generate.<pool>.<lane>, chat.replies, usage, and the plan-minute
+# rollup's repartition and changelog records; the first message adds its title's request and finish (10, 8, 8).
+RECORDS_PER_CHAT_MESSAGE = 10
+RECORDS_PER_FOLLOW_UP = 8
+RECORDS_PER_OPENAI_REQUEST = 8
+TOKEN_RECORDS_PER_TOKEN = 0.5  # the flush window coalesces a sim reply's tokens into fewer records
+TITLE_TOKENS = 16  # the first message's title is generated too
 QUIET_S = 4.0  # the pipeline is done when no counter has moved for this long
 SIM = {"reply_tokens": 24}
 
@@ -76,14 +87,26 @@ async def _quiet(counter: StatementCounter, timeout: float = 90.0) -> dict[str, 
     raise TimeoutError(f"Cassandra counters still moving after {timeout:.0f} s")
 
 
-async def _cost(counter: StatementCounter, send) -> dict[str, int]:  # type: ignore[no-untyped-def]
+async def _cost(counter: StatementCounter, settings: Settings, send) -> tuple[dict[str, int], dict[str, int]]:  # type: ignore[no-untyped-def]
+    """(Cassandra statements per table, Kafka records per topic) that ``send`` cost."""
     before = await _quiet(counter)
+    offsets = await prefixed_end_offsets(settings.kafka_bootstrap, settings.topic_prefix)
     await send()
     spent = difference(before, await _quiet(counter))
+    after = await prefixed_end_offsets(settings.kafka_bootstrap, settings.topic_prefix)
+    records = {t.removeprefix(settings.topic_prefix): n - offsets.get(t, 0) for t, n in after.items()
+               if n != offsets.get(t, 0)}
     print(f"\n{send.__name__}: {sum(spent.values())} statements")
     for key in sorted(spent):
         print(f"  {key:45} {spent[key]}")
-    return spent
+    print(f"{send.__name__}: {sum(records.values())} Kafka records")
+    for key in sorted(records):
+        print(f"  {key:45} {records[key]}")
+    return spent, records
+
+
+def _token_records(records: dict[str, int]) -> int:
+    return sum(n for t, n in records.items() if t.startswith("chat.tokens"))
 
 
 async def test_one_chat_message_and_one_openai_request(service: PrivateService) -> None:
@@ -115,9 +138,16 @@ async def test_one_chat_message_and_one_openai_request(service: PrivateService) 
         async def follow_up() -> None:
             await chat_message("And at sunset?", "counts-2")
 
-        chat = await _cost(counter, chat_message)
-        more = await _cost(counter, follow_up)
-        api = await _cost(counter, openai_request)
+        chat, chat_records = await _cost(counter, service.settings, chat_message)
+        more, more_records = await _cost(counter, service.settings, follow_up)
+        api, api_records = await _cost(counter, service.settings, openai_request)
     assert 0 < sum(chat.values()) <= PER_CHAT_MESSAGE, chat
     assert 0 < sum(more.values()) <= PER_FOLLOW_UP, more
     assert 0 < sum(api.values()) <= PER_OPENAI_REQUEST, api
+    for records, budget, generated in (
+            (chat_records, RECORDS_PER_CHAT_MESSAGE, SIM["reply_tokens"] + TITLE_TOKENS),
+            (more_records, RECORDS_PER_FOLLOW_UP, SIM["reply_tokens"]),
+            (api_records, RECORDS_PER_OPENAI_REQUEST, SIM["reply_tokens"])):
+        tokens = _token_records(records)
+        assert 0 < tokens <= generated * TOKEN_RECORDS_PER_TOKEN, records
+        assert 0 < sum(records.values()) - tokens <= budget, records
