@@ -6,8 +6,10 @@ Follows ``chat.replies`` to learn each pool's pace (``estimate``): how long a re
 how long its first token takes. Tells a queued client its position and wait once, and again only when that
 wait, counted down, is no longer true (``GenerationQueued`` with a higher ``revision``: at most one record per
 waiting request per REVISE_GAP_S, none while the first one holds). Picks the partition (the replica) by
-consistent hashing on the conversation, so follow-up turns find their prefix cache, unless that replica's
-queue is much longer than the others'.
+Places each generation on a replica (a worker) by its pool's ``routing`` (``placement``, ``replicas``): the workers
+announce in Redis which partitions they own; the generation goes to a partition its replica owns. Until a
+worker of the pool has announced, a partition by consistent hashing on the conversation, unless that
+partition's queue is much longer than the others'.
 """
 from __future__ import annotations
 
@@ -21,14 +23,18 @@ from typing import Any
 import msgspec
 from aiokafka.errors import KafkaError
 from prometheus_client import Counter as PromCounter
+from redis.exceptions import RedisError
 
 from consumers.deadlines import late, mark_queued
+from consumers.generation.announce import ReplicaAnnounced
 from consumers.scheduler.canned import CANNED_MODEL, CANNED_POOL, CannedReplies
 from consumers.scheduler.estimate import Completion
 from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
+from consumers.scheduler.replicas import Replicas
 from consumers.stage import Out, Stage
 from infra.config.plans import Plan
 from infra.config.settings import Settings
+from infra.stores import keys
 from infra.stores.crypto import KeyGone
 from infra.stores.finished import FinishedReplies
 from infra.stores.quota import Quota
@@ -46,7 +52,7 @@ from schemas.errors import EventDecodeError
 from schemas.prompt import PoolPrompt
 from schemas.scheduler import LANE_PRIORITY
 from topics import GENERATE, Role, Topics
-from topics.catalogue import DEADLETTER, PROMPTS, REPLIES, SCHEDULER, TOKENS
+from topics.catalogue import DEADLETTER, GENERATION, PROMPTS, REPLIES, SCHEDULER, TOKENS
 from topics.clients import enqueue, make_consumer
 from topics.partitioning import partition_for
 
@@ -56,8 +62,12 @@ log = logging.getLogger(__name__)
 DECISIONS = PromCounter("parley_scheduler_decisions",
                         "each request's route: routed, overflow (to small), canned (a prepared reply) or refused",
                         ["plan", "pool", "outcome"])
+PLACEMENTS = PromCounter("parley_scheduler_placements",
+                         "generations placed by replica: home, spill (past the load cap), cache (the replica "
+                         "holding the prompt), random, or partition (no replica announced yet)", ["pool", "reason"])
 REVISE_EVERY_S = 1.0  # how often waiting requests' shown waits are checked (no record unless one is off)
-HOT_REPLICA_MARGIN = 4  # requests more than the least-loaded replica before affinity gives way
+REPLICAS_EVERY_S = 0.5  # how often the workers' announcements are read (they beat every second)
+HOT_REPLICA_MARGIN = 4  # before any replica announced: requests over the coolest partition before affinity yields
 # Reads chat.replies without a group (every scheduler hears every completion); writes a finished reply itself
 # when it serves a prepared one.
 ROLE = Role(SCHEDULER, reads=(PROMPTS, REPLIES), writes=(GENERATE, TOKENS, REPLIES, DEADLETTER))
@@ -66,8 +76,9 @@ ROLE = Role(SCHEDULER, reads=(PROMPTS, REPLIES), writes=(GENERATE, TOKENS, REPLI
 class Scheduler:
     def __init__(self, topics: Topics, queues: Queues, plans: dict[str, Plan], models: dict[str, str],
                  canned: CannedReplies | None = None, quota: Any = None, finished: Any = None,
-                 redis: Any = None) -> None:
+                 redis: Any = None, replicas: dict[str, Replicas] | None = None) -> None:
         self.topics, self.queues, self.plans, self.models = topics, queues, plans, models
+        self.replicas = replicas or {}  # pool -> its replicas as announced (none: a partition by hashing)
         self.canned, self.quota, self.replies = canned, quota, finished  # not .finished: a method
         self.redis = redis  # the queued marks (None: every late record is dropped)
         self.partition_load: dict[str, Counter[int]] = {}
@@ -99,7 +110,7 @@ class Scheduler:
         ids, max_tokens = prompt_for(p, decision.pool)
         await mark_queued(self.redis, p.generation_id)  # before the records: a redelivery is never "late"
         topic = self.topics.generate(decision.pool, decision.lane)
-        partition = self._partition(topic, p.conversation_id)
+        partition = self._place(topic, decision.pool, p.generation_id, p.conversation_id, ids)
         self.queues.enqueued(p.generation_id, decision.pool, decision.lane)
         self.placed[p.generation_id] = (topic, partition)
         self.partition_load.setdefault(topic, Counter())[partition] += 1
@@ -157,6 +168,17 @@ class Scheduler:
             "nothing was charged. Send it again.", reserved_tokens=p.reserved_tokens, route_reason=p.route_reason)
         return [Out(self.topics.tokens, done, p.generation_id), Out(self.topics.replies, done, p.conversation_id)]
 
+    def _place(self, topic: str, pool: str, generation_id: str, conversation_id: str, ids: list[int] | str) -> int:
+        replicas = self.replicas.get(pool)
+        placed = replicas.place(topic, conversation_id, generation_id, ids) if replicas is not None else None
+        if placed is None:
+            PLACEMENTS.labels(pool=pool, reason="partition").inc()
+            return self._partition(topic, conversation_id)
+        PLACEMENTS.labels(pool=pool, reason=placed.placement.reason).inc()
+        log.debug("generation %s on replica %s (%s, %.0f%% of the prompt held)", generation_id,
+                  placed.placement.replica, placed.placement.reason, 100 * placed.placement.held_share)
+        return placed.partition
+
     def _partition(self, topic: str, conversation_id: str) -> int:
         n = GENERATE.partitions
         home = partition_for(conversation_id, n)
@@ -170,6 +192,8 @@ class Scheduler:
         placed = self.placed.pop(generation_id, None)
         if placed:
             self.partition_load[placed[0]][placed[1]] -= 1
+        for replicas in self.replicas.values():
+            replicas.finished(generation_id)
 
     def revisions(self, now: float | None = None) -> list[Out]:
         """A new ``queued`` event for each waiting client whose shown wait, counted down, is no longer true."""
@@ -212,13 +236,26 @@ class SchedulerStage(Stage):
         topics = Topics(settings.topic_prefix)
         queues = Queues({name: PoolLoad.of(cfg.max_num_seqs, cfg.held_requests) for name, cfg in pools.items()})
         quota = Quota.configured(redis, plans, settings) if redis is not None else None
+        replicas = {n: Replicas(c.routing, c.sim.block_size) for n, c in pools.items()} if redis is not None else {}
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
                                    CannedReplies.load(settings.canned_file), quota,
-                                   FinishedReplies(redis, sealer=sealer) if redis is not None else None, redis)
+                                   FinishedReplies(redis, sealer=sealer) if redis is not None else None, redis,
+                                   replicas)
+        self.groups = {n: topics.group(GENERATION, n) for n in replicas}
         super().__init__(ROLE, settings, (PromptBuilt,), self.scheduler.handle, sealer=sealer)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._follow_replies(), self._revise()]
+        return [self._follow_replies(), self._revise(), *([self._follow_replicas()] if self.groups else [])]
+
+    async def _follow_replicas(self) -> None:
+        """Every REPLICAS_EVERY_S: each pool's announced replicas (a read of one set and its keys per pool)."""
+        while not self.stopping:
+            for pool, group in self.groups.items():
+                try:
+                    self.scheduler.replicas[pool].update(await read_announcements(self.scheduler.redis, group))
+                except RedisError as exc:
+                    log.info("replicas of %s not read this round: %s", pool, type(exc).__name__)
+            await self.idle(REPLICAS_EVERY_S)
 
     async def _revise(self) -> None:
         """Every REVISE_EVERY_S: the revised waits, their acks awaited once per round and their errors let go
@@ -251,6 +288,18 @@ class SchedulerStage(Stage):
                     self.scheduler.finished(event.generation_id, completion_of(event), event.pool)
         finally:
             await consumer.stop()
+
+
+async def read_announcements(redis: Any, group: str) -> list[ReplicaAnnounced]:
+    """The live announcements of a pool's workers; members whose key expired are dropped from the set."""
+    members = sorted(m.decode() if isinstance(m, bytes) else m for m in await redis.smembers(keys.replicas(group)))
+    if not members:
+        return []
+    values = await redis.mget([keys.replica(group, m) for m in members])
+    gone = [m for m, v in zip(members, values, strict=True) if v is None]
+    if gone:
+        await redis.srem(keys.replicas(group), *gone)
+    return [msgspec.json.decode(v, type=ReplicaAnnounced) for v in values if v is not None]
 
 
 def completion_of(event: GenerationFinished, now: float | None = None) -> Completion:
