@@ -222,9 +222,12 @@ def test_service_stop_only_touches_its_own_process(tmp_path: Path) -> None:
         stranger.kill()
         stranger.wait()
     supervisor = dummy.launch()
-    assert dummy.supervisor_pid() == supervisor
-    pid = _child_of(dummy)
-    assert dummy.stop(timeout=5) == f"dummy: stopped with its supervisor (pid {pid}, supervisor {supervisor})"
+    try:
+        assert dummy.supervisor_pid() == supervisor
+        pid = _child_of(dummy)
+    finally:
+        stopped = dummy.stop(timeout=5)  # a supervisor left behind would restart its child for good
+    assert stopped == f"dummy: stopped with its supervisor (pid {pid}, supervisor {supervisor})"
     assert dummy.our_pid() is None and dummy.supervisor_pid() is None and not dummy.pid_file.exists()
     assert not process.is_alive(pid) and not process.is_alive(supervisor)
 
