@@ -2,7 +2,7 @@
 
     parley loadtest --url http://127.0.0.1:8000 [--token T ...] --rate 1 --duration 30
         an existing service (the one `parley up` runs, by default); its processes are found from `up`'s pid files
-    parley loadtest --scenario replica|stages|gateway|spike|prefill [--duration S] [--rate-scale X]
+    parley loadtest --scenario replica|stages|gateway|spike|prefill|tokens|routing [--duration S] [--rate-scale X]
         a private service on sim engines (own topic prefix and keyspace, the shared backbone), started, loaded
         and stopped; figures and PNGs under bench-results/loadtest/
 """
@@ -17,6 +17,7 @@ from typing import Any
 
 from infra.config.pools import load_pools
 from infra.config.settings import Settings
+from infra.local import loadtest_routing
 from infra.local import loadtest_scenarios as scenarios
 from infra.local.loadtest_service import KEYSPACE, PrivateService, ServiceSpec, launch
 from producers.loadgen import accounts, report, table
@@ -92,19 +93,26 @@ def _target(svc: PrivateService, settings: Settings) -> loadrun.Target:
 async def _scenario(args: argparse.Namespace) -> int:
     knobs = scenarios.Knobs(args.duration, args.rate_scale, args.seed)
     steps = scenarios.SCENARIOS[args.scenario](knobs)
-    settings, rows, svc, spec = Settings.from_env(), [], None, None
+    settings, rows, svc, spec, previous = Settings.from_env(), [], None, None, None
     try:
         for step in steps:
-            if step.service != spec:
+            if step.service != spec or (previous is not None and previous.leave_after_s):
                 svc = await _restart(svc, step.service, args.keyspace)
                 spec = step.service
             assert svc is not None
             users = await accounts.make_users(svc.settings, *accounts.split(args.users or _users_for(step.load),
                                                                                 args.paid_share))
-            result = await loadrun.measure(_target(svc, settings), step.load, users, f"{args.scenario}",
-                                       {"step": step.label, "pools": _pools_json(step.service)})
-            rows.append({"step": step.label, **report.headline(result), "sustained": scenarios.sustained(result),
-                         "busiest": scenarios.busiest(result), "files": result.get("files", [])})
+            measuring = loadrun.measure(_target(svc, settings), step.load, users, f"{args.scenario}",
+                                        {"step": step.label, "pools": _pools_json(step.service)})
+            replicas: dict[str, Any] = {}
+            if step.probe:
+                result, replicas = await loadtest_routing.probe(svc, step.probe, measuring, step.leave_after_s)
+            else:
+                result = await measuring
+            rows.append({"step": step.label, **report.headline(result), **replicas,
+                         "sustained": scenarios.sustained(result), "busiest": scenarios.busiest(result),
+                         "files": result.get("files", [])})
+            previous = step
             if step.stepped and not rows[-1]["sustained"]:
                 break
     finally:
@@ -125,7 +133,8 @@ async def _restart(svc: PrivateService | None, spec: ServiceSpec, keyspace: str)
 
 
 def _pools_json(spec: ServiceSpec) -> dict[str, Any]:
-    return {n: {"workers": p.workers, "max_num_seqs": p.max_num_seqs, "sim": p.sim} for n, p in spec.pools.items()}
+    return {n: {"workers": p.workers, "max_num_seqs": p.max_num_seqs, "sim": p.sim, "routing": p.routing}
+            for n, p in spec.pools.items()}
 
 
 def _conclude(name: str, rows: list[dict[str, Any]], steps: list[scenarios.Step], also: Path | None) -> None:
@@ -143,6 +152,10 @@ def _conclude(name: str, rows: list[dict[str, Any]], steps: list[scenarios.Step]
         peak = max(p.rate for p in steps[0].load.phases)
         seconds = max(p.seconds for p in steps[0].load.phases)
         verdict["model"] = scenarios.spike_prediction(peak, peak * 5 / 7, seconds)
+    if name == "routing":
+        verdict["policies"] = {r["step"]: {k: r.get(k) for k in ("prefix_hit_rate", "ttft_ms_p50", "ttft_ms_p99",
+                                                                   "queue_max_over_mean", "completed", "sent")}
+                               for r in rows}
     if verdict:
         print(json.dumps(verdict))
     loadrun.RESULTS.mkdir(parents=True, exist_ok=True)

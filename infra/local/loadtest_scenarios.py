@@ -26,6 +26,8 @@ class Step:
     service: ServiceSpec
     load: Load
     stepped: bool = False  # part of a ramp: stop the ramp at the first step not sustained
+    probe: str | None = None  # a pool whose replicas are measured one by one (``loadtest_routing``)
+    leave_after_s: float | None = None  # one of its workers stops this far into the step
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,27 @@ def tokens(knobs: Knobs) -> list[Step]:
             for label, flush in (("a record per step", 0.0), ("flush 100 ms", None))]
 
 
+# Routing: four replicas whose prefill is 7x the seeds' replica's (1 s per 1,000 tokens), so this machine's few
+# requests a second load their prefill as ~20 would load the seeds' replicas; short replies, long multi-turn
+# conversations (up to 8 turns of ~300-token messages: prompts up to ~3,000 tokens).
+ROUTED = SimPool(workers=4, max_num_seqs=64, sim={"prefill_s_per_1k": 1.0, "reply_tokens": 64})
+
+
+def routing(knobs: Knobs) -> list[Step]:
+    """The same multi-turn load on four replicas under each routing policy, then a worker leaving mid-run."""
+    load = _shape(Load((Phase(60, 3.0),), max_tokens=64, max_turns=8, follow_share=0.9, drain_s=60), knobs)
+    leave = (load.phases[0].seconds / 2) if load.phases else None
+
+    def spec(policy: str) -> ServiceSpec:
+        return ServiceSpec({"large": replace(ROUTED, routing=policy), "small": SMALL})
+
+    return [*(Step(policy, spec(policy), load, probe="large") for policy in ("random", "conversation", "cache-aware")),
+            Step("cache-aware, a worker leaves", spec("cache-aware"), load, probe="large", leave_after_s=leave)]
+
+
 SCENARIOS: dict[str, Callable[[Knobs], list[Step]]] = {
     "replica": replica, "stages": stages, "gateway": gateway, "spike": spike, "prefill": prefill,
-    "tokens": tokens}
+    "tokens": tokens, "routing": routing}
 
 
 PIPELINE_GROUPS = ("admission", "prompt", "scheduler", "settlement", "persistence")
