@@ -63,7 +63,9 @@ async def test_sign_in_send_watch_it_stream_and_stop(open_page: OpenPage, http: 
     await page.locator("#token").fill("pk_not-a-token")
     await page.locator("#signin-form button[type=submit]").click()
     await until(page, "!document.querySelector('#signin-error').hidden")
-    assert "not valid" in await page.locator("#signin-error").inner_text()
+    refused = await page.locator("#signin-error").inner_text()
+    assert "not valid" in refused and "`" not in refused  # the command it names is shown as code
+    assert "parley user create" in await page.locator("#signin-error code").all_inner_texts()
     await shot(page, "01-sign-in-refused")
     await sign_in(page, alice)
     await shot(page, "02-signed-in")

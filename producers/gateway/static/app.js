@@ -49,7 +49,7 @@ async function signIn(call) {
     await showApp(user);
     if (token) showToken(token); // a demo user: its token is shown until dismissed
   } catch (err) {
-    error.textContent = err.message;
+    words(error, err.message);
     error.hidden = false;
   }
 }
@@ -58,7 +58,7 @@ function showSignIn(localMode, message = "") {
   $("app").hidden = true;
   $("signin").hidden = false;
   $("demo").hidden = !localMode;
-  $("signin-error").textContent = message;
+  words($("signin-error"), message);
   $("signin-error").hidden = !message;
   $("token").focus();
 }
@@ -240,9 +240,19 @@ function showToken(token) {
 }
 
 function showBanner(text, kind = "error") {
-  $("banner-text").textContent = text;
+  words($("banner-text"), text);
   $("banner").className = `banner ${kind}`;
   $("banner").hidden = false;
+}
+
+// A message from the server, with `command` spans shown as code rather than as backticks (text nodes only).
+function words(node, text) {
+  node.replaceChildren(...String(text).split(/`([^`\n]+)`/).map((part, i) => {
+    if (i % 2 === 0) return document.createTextNode(part);
+    const code = document.createElement("code");
+    code.textContent = part;
+    return code;
+  }));
 }
 
 function grow() {
