@@ -31,17 +31,23 @@ class GenerationStarted(Event, frozen=True, kw_only=True):
     epoch: int = 0  # the owner's fencing epoch: readers ignore events of an epoch older than one they saw
 
 
-class TokensAppended(Event, frozen=True, kw_only=True):
-    """The tokens one engine step made for one sequence; topic ``chat.tokens``."""
+class TokensAppended(Event, frozen=True, kw_only=True, omit_defaults=True):
+    """The tokens one flush window gathered for one sequence; topic ``chat.tokens``.
+
+    Sealed, a record carries ``text``, ``token_ids`` and ``logprobs`` together in ``sealed`` (one payload, one
+    seal) and leaves the three empty until a reader opens it. Fields at their defaults are not written: the
+    record key is the generation id, and no reader needs the user (``user_id`` stays for records written before).
+    """
 
     generation_id: str
-    conversation_id: str
-    user_id: str
+    conversation_id: str  # whose data key seals the payload (and the seal's associated data)
+    user_id: str = ""  # not written by the worker
     seq: int  # per generation, from 0, no gaps
-    text: str  # sealed
-    token_ids: list[int] | str  # str: sealed
+    text: str = ""
+    token_ids: list[int] | str = []  # str: sealed on its own (records written before ``sealed``)
     logprobs: list[TokenLogprob] | str | None = None  # one per token id, only when the client asked; str: sealed
     epoch: int = 0  # the owner's fencing epoch (see GenerationStarted)
+    sealed: str = ""  # text, token ids and logprobs, sealed together
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

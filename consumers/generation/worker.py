@@ -524,9 +524,10 @@ class GenerationWorker:
                      pending: list[asyncio.Future[Any]]) -> bool:
         """One record of what was gathered, numbered ``seq``; True once handed to the producer, False while the
         safety check holds it back."""
-        step = TokensAppended(generation_id=req.generation_id, conversation_id=req.conversation_id,
-                              user_id=req.user_id, seq=seq, text=batch.text, token_ids=batch.token_ids,
-                              logprobs=batch.logprobs, epoch=self.fence.epoch(req.generation_id))
+        # No user id: no reader of chat.tokens needs it, and the record key already names the generation.
+        step = TokensAppended(generation_id=req.generation_id, conversation_id=req.conversation_id, seq=seq,
+                              text=batch.text, token_ids=batch.token_ids, logprobs=batch.logprobs,
+                              epoch=self.fence.epoch(req.generation_id))
         if guard is not None and guard.holds:
             guard.hold(step)  # shown once its chunk has passed the check
             return False

@@ -51,6 +51,10 @@ SEALED_FIELDS: dict[type[Event], dict[str, str]] = {
     TokensAppended: {"text": "text", "token_ids": "ids", "logprobs": "logprobs"},
     GenerationFinished: {"text": "text"},
 }
+# Events whose sealed fields travel as one payload in one field: one seal per record, not one per field.
+# Records sealed field by field (written before) still open through SEALED_FIELDS.
+SEALED_TOGETHER: dict[type[Event], str] = {TokensAppended: "sealed"}
+_TOGETHER = msgspec.msgpack.Decoder(tuple[str, list[int], list[TokenLogprob] | None])
 _JSON: dict[str, msgspec.json.Decoder[Any]] = {
     "turns": msgspec.json.Decoder(list[ChatTurn]),
     "sampling": msgspec.json.Decoder(Sampling),
@@ -106,6 +110,9 @@ class Sealer:
         self.keys = keys
 
     async def seal(self, event: E) -> E:
+        together = SEALED_TOGETHER.get(type(event))
+        if together is not None:
+            return await self._seal_together(event, together)
         fields = SEALED_FIELDS.get(type(event))
         if not fields:
             return event
@@ -117,8 +124,25 @@ class Sealer:
                 changes[name] = seal_bytes(key, event.conversation_id, _pack(kind, value))  # type: ignore[attr-defined]
         return msgspec.structs.replace(event, **changes) if changes else event
 
+    async def _seal_together(self, event: Any, field: str) -> Any:
+        """Text, token ids and logprobs packed (msgpack) and sealed once into ``field``; the three left empty."""
+        if getattr(event, field) or not (event.text or event.token_ids or event.logprobs):
+            return event
+        if is_sealed(event.text) or is_sealed(event.token_ids) or is_sealed(event.logprobs):
+            return event  # sealed field by field already
+        key = await self.keys.get(event.conversation_id)
+        packed = msgspec.msgpack.encode((event.text, event.token_ids, event.logprobs))
+        return msgspec.structs.replace(event, text="", token_ids=[], logprobs=None,
+                                       **{field: seal_bytes(key, event.conversation_id, packed)})
+
     async def open(self, event: E) -> E:
         """The event with its text back; ``KeyGone`` when the conversation's key was destroyed."""
+        together = SEALED_TOGETHER.get(type(event))
+        if together is not None and is_sealed(getattr(event, together)):
+            conversation_id: str = event.conversation_id  # type: ignore[attr-defined]
+            key = await self.keys.get(conversation_id)
+            text, ids, logprobs = _TOGETHER.decode(open_bytes(key, conversation_id, getattr(event, together)))
+            return msgspec.structs.replace(event, text=text, token_ids=ids, logprobs=logprobs, **{together: ""})
         fields = SEALED_FIELDS.get(type(event))
         if not fields:
             return event
