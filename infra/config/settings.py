@@ -110,6 +110,7 @@ class Settings:
     local_mode: bool = True  # the page may create demo users; default: on when the services are on loopback
     cursor_secret: str = ""  # signs page cursors; empty: a random key kept in the state folder
     session_ttl_s: int = 7 * 24 * 3600  # the page's sign-in lasts this long, then the cookie is refused
+    token_ttl_days: int = 90  # an API token lasts this long unless its maker asks otherwise
     # Where browsers open the page (https://chat.example.com): its origin may spend the page's cookie and its
     # host is answered. Empty: only the loopback names at the gateway's port (never the request's own Host).
     public_url: str = ""
@@ -259,6 +260,7 @@ VARS: tuple[Var, ...] = (
     Var("CURSOR_SECRET", "cursor_secret", str),
     Var("LOCAL_MODE", "local_mode", _bool),
     Var("SESSION_TTL_S", "session_ttl_s", int),
+    Var("TOKEN_TTL_DAYS", "token_ttl_days", int),
     Var("PUBLIC_URL", "public_url", str),
     Var("ALLOWED_HOSTS", "allowed_hosts", _names),
     Var("MAX_STREAMS_PER_USER", "max_streams_per_user", int),

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "topics": ("infra.local.topology", "create missing topics and correct partitions/retention"),
     "migrate": ("infra.stores.cql.cli", "apply the versioned CQL migrations"),
     "user": ("infra.stores.accounts_cli", "manage accounts: `parley user create --plan free|paid` prints a token"),
+    "token": ("infra.stores.tokens_cli", "API tokens: `parley token list --user U`, `parley token revoke ID`"),
     "worker": ("infra.local.worker_cli", "run one generation worker for a model pool"),
     "stages": ("infra.local.stages_cli", "run the pipeline stages (admission, prompt, scheduler, persistence, ...)"),
     "gateway": ("producers.gateway.cli", "run one HTTP gateway"),

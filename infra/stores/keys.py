@@ -131,3 +131,8 @@ def replica(group: str, worker_id: str) -> str:
 def replicas(group: str) -> str:
     """Set of the worker ids that announced in a pool's consumer group (a member whose key expired has left)."""
     return f"{PREFIX}replicas:{group}"
+
+
+def tokens_revoked() -> str:
+    """Pub/sub channel: the hash of each revoked API token, so every gateway drops it from its cache at once."""
+    return f"{PREFIX}tokens:revoked"

@@ -49,6 +49,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
         routes_search,
         routes_session,
         routes_share,
+        routes_tokens,
         routes_usage,
         routes_web,
     )
@@ -60,6 +61,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app.include_router(routes_openai.router)
     app.include_router(routes_responses.router)
     app.include_router(routes_usage.router)
+    app.include_router(routes_tokens.router)
     app.include_router(routes_export.router)
     app.include_router(routes_share.router)
     app.include_router(routes_share.page_router)

@@ -28,6 +28,7 @@ from producers.gateway import metrics
 from producers.gateway.cursors import Cursors, cursor_key
 from producers.gateway.relay import TokenRelay
 from producers.gateway.stream_slots import StreamSlots
+from producers.gateway.tokens import TokenCache
 from topics import Role, Topics
 from topics.catalogue import CONTROL, DELETIONS, GATEWAY, REQUESTS, TOKENS
 from topics.clients import make_producer
@@ -49,6 +50,7 @@ class Gateway:
     relay: TokenRelay = field(init=False)
     redis: aioredis.Redis = field(init=False)
     accounts: Accounts = field(init=False)
+    tokens: TokenCache = field(init=False)
     conversations: Conversations = field(init=False)
     records: Records = field(init=False)
     finished: FinishedReplies = field(init=False)
@@ -75,8 +77,10 @@ class Gateway:
         self.redis = aioredis.Redis.from_url(self.settings.redis_url)
         self._cluster, session = connect(self.settings)
         db = AsyncSession(session)
-        self.sealer = configured(self.settings, db)
-        self.accounts = Accounts(db)
+        self.sealer = configured(self.settings, db, self.redis)
+        self.accounts = Accounts(db, self.settings.token_ttl_days)
+        self.tokens = TokenCache(self.accounts, self.redis)
+        self.tokens.start()
         self.conversations, self.records = Conversations(db, self.sealer), Records(db, self.sealer)
         self.finished = FinishedReplies(self.redis, sealer=self.sealer)
         self.relay = TokenRelay(self.settings.kafka_bootstrap, self.topics.tokens, self.sealer,
@@ -86,6 +90,7 @@ class Gateway:
         self.search = SearchIndex(db, self.conversations)
 
     async def stop(self) -> None:
+        await self.tokens.stop()
         await self.relay.stop()
         await self.producer.stop()
         await self.redis.aclose()
@@ -97,13 +102,8 @@ class Gateway:
         return self.relay.new_generation_id()
 
     async def user_for_token(self, token: str) -> User | None:
-        cached = self._auth_cache.get(token)
-        if cached and cached[0] > time.monotonic():
-            return cached[1]
-        user = await self.accounts.user_for_token(token)
-        if user is not None:
-            self._auth_cache[token] = (time.monotonic() + 60, user)
-        return user
+        """The live token's user; cached, and dropped on every gateway the moment it is revoked (tokens.py)."""
+        return await self.tokens.user(token)
 
     async def user_for_session(self, session_id: str) -> User | None:
         """The page's signed-in user. The session is looked up every time: sign-out ends it at once."""
