@@ -152,7 +152,7 @@ async def build_stages(settings: Settings, names: tuple[str, ...]) -> tuple[list
     cluster, session = connect(settings)
     db = AsyncSession(session)
     resources = Resources(settings, plans, pools, redis, db, Quota.configured(redis, plans, settings),
-                          Topics(settings.topic_prefix, pools), configured(settings, db))
+                          Topics(settings.topic_prefix, pools), configured(settings, db, redis))
     stages = [PIPELINE[name](resources) for name in names]
 
     async def close() -> None:

@@ -35,6 +35,8 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
     from consumers.generation.sim_engine import SimEngine
     from consumers.safety.classifier import EmbeddedClassifier
     from infra.config.safety import RulesFile
+    import redis.asyncio as aioredis
+
     from infra.stores.sealing import configured
     from infra.stores.session import AsyncSession, connect
 
@@ -45,7 +47,8 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
     worker = GenerationWorker(settings, limits, engine, args.capacity or pool.held_requests,  # type: ignore[attr-defined]
                               metrics_port=pool.metrics_port if args.metrics_port is None  # type: ignore[attr-defined]
                               else args.metrics_port, metrics_host=args.metrics_host, classifier=classifier,
-                              sealer=configured(settings, AsyncSession(session)),
+                              sealer=configured(settings, AsyncSession(session),
+                                                aioredis.Redis.from_url(settings.redis_url)),
                               flush=FlushPolicy(pool.flush_ms / 1000, pool.flush_tokens),  # type: ignore[attr-defined]
                               on_ready=lambda w: print(f"worker ready pool={pool.name} "  # type: ignore[attr-defined]
                                                        f"metrics_port={w.metrics_port}", flush=True))

@@ -18,11 +18,13 @@ in ``<state>/keys/master.key``, made on first use, readable by its owner only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -114,13 +116,34 @@ def _read_or_create(path: Path) -> bytes:
     return path.read_bytes()
 
 
-class DataKeys:
-    """Per-conversation data keys: made once, wrapped in Cassandra, cached unwrapped per process."""
+log = logging.getLogger(__name__)
+KEYS_DESTROYED = "parley:keys:destroyed"  # pub/sub channel: the id of each conversation whose data key is destroyed
+LIVE_CACHE_S = 300.0  # how long a key stays cached while destructions can be heard
+RESUBSCRIBE_S = 1.0
 
-    def __init__(self, db: AsyncSession, tenants: TenantKeys, cache_s: float = 10.0) -> None:
-        self.db, self.tenants, self.cache_s = db, tenants, cache_s
+
+class DataKeys:
+    """Per-conversation data keys: made once, wrapped in Cassandra, cached unwrapped per process.
+
+    Without Redis a process keeps a key ``cache_s``. Given Redis, it follows ``KEYS_DESTROYED``: a destruction
+    anywhere drops the key from every following process at once, so while the subscription holds a key is kept
+    ``live_cache_s`` (a conversation's turns minutes apart read it once). A lost subscription forgets every
+    key and caches for ``cache_s`` only until it is back; a load that spans a destruction or a loss is kept
+    ``cache_s`` too. The purge's delay stays longer than ``cache_s``: the bound when nothing is heard.
+    """
+
+    def __init__(self, db: AsyncSession, tenants: TenantKeys, cache_s: float = 10.0, redis: Any = None,
+                 live_cache_s: float = LIVE_CACHE_S) -> None:
+        self.db, self.tenants, self.cache_s, self.redis, self.live_cache_s = db, tenants, cache_s, redis, live_cache_s
         self._cache: dict[str, tuple[float, AESGCM]] = {}
         self._loading: dict[str, asyncio.Future[AESGCM | None]] = {}
+        self.subscribed = False
+        self.heard = 0  # destructions heard and subscription losses: a load spanning one is kept cache_s
+        self._task: asyncio.Task[None] | None = None
+
+    def _keep(self, conversation_id: str, key: AESGCM, heard: int) -> None:
+        live = self.subscribed and heard == self.heard
+        self._cache[conversation_id] = (time.monotonic() + (self.live_cache_s if live else self.cache_s), key)
 
     async def create(self, conversation_id: str, tenant_id: str) -> AESGCM:
         """The key of a conversation made now. A plain write, not a lightweight transaction: the only caller
@@ -131,11 +154,13 @@ class DataKeys:
             "INSERT INTO conversation_keys (conversation_id, tenant_id, wrapped_key, created_at) VALUES (?, ?, ?, ?)",
             (conversation_id, tenant_id, wrapped, datetime.now(UTC)))
         key = AESGCM(raw)
-        self._cache[conversation_id] = (time.monotonic() + self.cache_s, key)
+        self._keep(conversation_id, key, self.heard)
         return key
 
     async def get(self, conversation_id: str) -> AESGCM:
         """The unwrapped key, from the cache or Cassandra; ``KeyGone`` when there is none."""
+        if self.redis is not None and self._task is None:
+            self._task = asyncio.ensure_future(self._follow())
         hit = self._cache.get(conversation_id)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
@@ -150,12 +175,13 @@ class DataKeys:
         return key
 
     async def _load(self, conversation_id: str) -> AESGCM | None:
+        heard = self.heard
         rows = await self.db.execute(
             "SELECT tenant_id, wrapped_key FROM conversation_keys WHERE conversation_id = ?", (conversation_id,))
         if not rows:
             return None
         key = AESGCM(self.tenants.unwrap(rows[0].tenant_id, rows[0].wrapped_key, conversation_id.encode()))
-        self._cache[conversation_id] = (time.monotonic() + self.cache_s, key)
+        self._keep(conversation_id, key, heard)
         return key
 
     async def ensure(self, conversation_id: str, tenant_id: str) -> AESGCM:
@@ -174,7 +200,53 @@ class DataKeys:
         return True
 
     async def destroy(self, conversation_id: str) -> None:
-        """Crypto-erasure: the wrapped key is deleted; this process forgets it at once, others within
-        ``cache_s``."""
-        self._cache.pop(conversation_id, None)
+        """Crypto-erasure: the wrapped key is deleted; this process forgets it at once, every process following
+        the channel as soon as it hears, any other within ``cache_s``."""
+        self.forget(conversation_id)
         await self.db.execute("DELETE FROM conversation_keys WHERE conversation_id = ?", (conversation_id,))
+        if self.redis is not None:
+            try:
+                await self.redis.publish(KEYS_DESTROYED, conversation_id)
+            except Exception as exc:  # noqa: BLE001 - the others still drop it within cache_s; the purge waits longer
+                log.warning("conversation %s: key destruction not announced (%s)", conversation_id,
+                            type(exc).__name__)
+
+    def forget(self, conversation_id: str) -> None:
+        self.heard += 1
+        self._cache.pop(conversation_id, None)
+
+    def forget_all(self) -> None:
+        self.heard += 1
+        self._cache.clear()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _follow(self) -> None:
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(KEYS_DESTROYED)
+                async for message in pubsub.listen():
+                    self.heard_message(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - lost: keep nothing long until it is back
+                log.warning("key destruction channel lost (%s); keys kept %.0f s until it is back",
+                            type(exc).__name__, self.cache_s)
+            finally:
+                self.subscribed = False
+                self.forget_all()
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            await asyncio.sleep(RESUBSCRIBE_S)
+
+    def heard_message(self, message: dict[str, Any]) -> None:
+        if message.get("type") == "subscribe":
+            self.subscribed = True
+        elif message.get("type") == "message":
+            data = message.get("data")
+            self.forget(data.decode() if isinstance(data, bytes) else str(data))

@@ -194,6 +194,7 @@ class Sealer:
         return out
 
 
-def configured(settings: Settings, db: AsyncSession) -> Sealer:
-    """The process's sealer: the embedded tenant key file under the state dir, data keys in Cassandra."""
-    return Sealer(DataKeys(db, LocalTenantKeys.under(settings.state_dir), settings.key_cache_s))
+def configured(settings: Settings, db: AsyncSession, redis: Any = None) -> Sealer:
+    """The process's sealer: the embedded tenant key file under the state dir, data keys in Cassandra (kept
+    longer while ``redis`` carries their destructions: ``DataKeys``)."""
+    return Sealer(DataKeys(db, LocalTenantKeys.under(settings.state_dir), settings.key_cache_s, redis))

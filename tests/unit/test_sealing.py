@@ -248,3 +248,89 @@ def test_a_digest_is_stable_per_tenant_and_keyed(sealer: Sealer, tmp_path: Path,
     assert a not in hashlib.sha256(b"conv-a\0my-retry-id").hexdigest()  # not a plain hash anyone could compute
     other = Sealer(DataKeys(table, LocalTenantKeys(tmp_path / "other.key"), cache_s=60))  # type: ignore[arg-type]
     assert other.digest("u1", "conv-a", "my-retry-id") != a  # another master key, another digest
+
+
+class Channel:
+    """Just the pub/sub Redis calls DataKeys makes: publish, and a subscription that can be cut."""
+
+    def __init__(self) -> None:
+        self.queues: list[asyncio.Queue[dict[str, Any]]] = []
+
+    async def publish(self, channel: str, data: str) -> int:
+        for q in self.queues:
+            q.put_nowait({"type": "message", "channel": channel, "data": data.encode()})
+        return len(self.queues)
+
+    def cut(self) -> None:
+        for q in self.queues:
+            q.put_nowait({"type": "cut"})
+
+    def pubsub(self) -> Any:
+        channel = self
+
+        class PubSub:
+            def __init__(self) -> None:
+                self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+            async def subscribe(self, name: str) -> None:
+                channel.queues.append(self.queue)
+                self.queue.put_nowait({"type": "subscribe", "channel": name})
+
+            async def listen(self):  # type: ignore[no-untyped-def]
+                while True:
+                    message = await self.queue.get()
+                    if message["type"] == "cut":
+                        raise ConnectionError("cut")
+                    yield message
+
+            async def aclose(self) -> None:
+                channel.queues.remove(self.queue)
+
+        return PubSub()
+
+
+async def _until(check: Any) -> None:
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("never")
+
+
+async def test_a_destruction_heard_drops_the_key_at_once_and_a_live_key_is_kept_long(table: KeyTable,
+                                                                                     tmp_path: Path) -> None:
+    redis = Channel()
+    mine = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
+    other = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
+    await mine.create("conv-a", "u1")
+    with pytest.raises(KeyGone):
+        await other.get("conv-b")  # starts the follower
+    await _until(lambda: other.subscribed)
+    reads = table.reads
+    for _ in range(5):
+        await other.get("conv-a")
+    assert table.reads == reads + 1  # kept, although cache_s is 0: destructions can be heard
+    await mine.destroy("conv-a")
+    await _until(lambda: "conv-a" not in other._cache)  # noqa: SLF001
+    with pytest.raises(KeyGone):
+        await other.get("conv-a")
+    await mine.stop()
+    await other.stop()
+
+
+async def test_a_lost_subscription_forgets_every_key_and_keeps_none_long(table: KeyTable, tmp_path: Path) -> None:
+    redis = Channel()
+    keys = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
+    await keys.create("conv-a", "u1")
+    await keys.get("conv-a")
+    await _until(lambda: keys.subscribed)
+    await keys.get("conv-a")
+    assert "conv-a" in keys._cache  # noqa: SLF001
+    redis.cut()
+    await _until(lambda: not keys.subscribed)
+    assert not keys._cache  # noqa: SLF001
+    reads = table.reads
+    await keys.get("conv-a")
+    await keys.get("conv-a")
+    assert table.reads == reads + 2  # kept cache_s (0) while nothing can be heard: it resubscribes after 1 s
+    await keys.stop()
