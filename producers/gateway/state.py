@@ -77,7 +77,7 @@ class Gateway:
         self.redis = aioredis.Redis.from_url(self.settings.redis_url)
         self._cluster, session = connect(self.settings)
         db = AsyncSession(session)
-        self.sealer = configured(self.settings, db)
+        self.sealer = configured(self.settings, db, self.redis)
         self.accounts = Accounts(db, self.settings.token_ttl_days)
         self.tokens = TokenCache(self.accounts, self.redis)
         self.tokens.start()
