@@ -16,6 +16,7 @@ from pathlib import Path
 
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
+from infra.local.loop import run as run_loop
 from infra.local.wiring import PIPELINE, build_stages
 from infra.stores.retry import HEALTH
 from topics.runner import run_stages
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     logconfig.configure("stages", settings)
     port = settings.ports.stages_metrics if args.metrics_port is None else args.metrics_port
-    asyncio.run(_main(settings, tuple(args.only or STAGES), port, args.metrics_host))
+    run_loop(_main(settings, tuple(args.only or STAGES), port, args.metrics_host))
     return 0
 
 

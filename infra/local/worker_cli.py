@@ -10,6 +10,7 @@ from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config import logs as logconfig
 from infra.config.settings import Settings
+from infra.local.loop import run as run_loop
 from infra.local.model import ready_pool
 
 
@@ -26,17 +27,17 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     logconfig.configure(f"worker-{args.pool}", settings)
     pool = ready_pool(args.pool, settings)
-    asyncio.run(_serve(settings, pool, args))
+    run_loop(_serve(settings, pool, args))
     return 0
 
 
 async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> None:
+    import redis.asyncio as aioredis
+
     from consumers.generation.engine import VllmEngine
     from consumers.generation.sim_engine import SimEngine
     from consumers.safety.classifier import EmbeddedClassifier
     from infra.config.safety import RulesFile
-    import redis.asyncio as aioredis
-
     from infra.stores.sealing import configured
     from infra.stores.session import AsyncSession, connect
 
