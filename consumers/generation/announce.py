@@ -4,6 +4,12 @@ Kafka assigned it, how many requests it holds, and (the simulated engine) the pr
 Written to Redis (``keys.replica``, expiring after ``keys.REPLICA_TTL_S``) with the worker's id in the pool's
 set (``keys.replicas``); the scheduler reads them to place a generation on a replica, not just a partition
 (``consumers/scheduler/placement.py``). One SET and one SADD a second per worker; nothing per token.
+
+A conversation's replica is chosen on a ring of the workers, not of partitions, so Kafka moving partitions in a
+rebalance moves no conversation's cache: the next request goes to whichever partition its replica owns now.
+Only a worker joining or leaving changes homes, and only its share. (The group keeps aiokafka's round-robin
+assignor: its sticky assignor keeps its member's last assignment on the class, and two members in one process
+rebalanced in a loop on Kafka 3.)
 """
 from __future__ import annotations
 
@@ -15,18 +21,12 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import msgspec
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from redis.exceptions import RedisError
 
 from infra.stores import keys
 
 log = logging.getLogger(__name__)
 ANNOUNCE_EVERY_S = 1.0
-# The pool's consumer group keeps each worker's partitions through a rebalance (the sticky assignor), so a
-# worker joining or leaving moves only the partitions it takes or gives up, and with them only its share of
-# the conversations' caches. Round-robin second: a group mixing workers of the previous release still agrees.
-ASSIGNORS = (StickyPartitionAssignor, RoundRobinPartitionAssignor)
 
 
 class ReplicaAnnounced(msgspec.Struct, frozen=True, kw_only=True):

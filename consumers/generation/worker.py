@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from redis.exceptions import RedisError
 
-from consumers.generation.announce import ASSIGNORS, Announcer
+from consumers.generation.announce import Announcer
 from consumers.generation.coalescing import Batch, Coalescer, FlushPolicy
 from consumers.generation.decisions import (
     STALE_REQUEST_S,
@@ -131,8 +131,7 @@ class GenerationWorker:
         self._closed_producers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
-            session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS,
-            partition_assignment_strategy=ASSIGNORS)
+            session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS)
         self.redis = aioredis.Redis.from_url(settings.redis_url)
         self.finished = FinishedReplies(self.redis)
         self.quota = Quota.configured(self.redis, plans or load_plans(settings.plans_file), settings)
@@ -580,9 +579,10 @@ class GenerationWorker:
         if await self.fence.fenced(event.generation_id):
             return  # the newer owner finishes it
         event = msgspec.structs.replace(event, epoch=self.fence.epoch(event.generation_id))
-        if event.purpose == "reply" and event.status == "failed":
-            await self.quota.release(event.generation_id, "worker")  # costs nothing; the slot is free at once
-        elif event.purpose == "reply":
+        if event.purpose == "reply" and event.status == "failed" and not (event.usage.prompt_tokens
+                                                                         or event.usage.completion_tokens):
+            await self.quota.release(event.generation_id, "worker")  # no engine read it: costs nothing
+        elif event.purpose == "reply":  # failed in the engine too: settlement charges what the engine did
             # Before anyone sees its end: a client that sends the next request once this one ends must find
             # the slot free (an OpenAI client asking n=2 twice in a row was refused 429 while settlement lagged).
             await self.quota.free_slot(event.user_id, event.generation_id)
