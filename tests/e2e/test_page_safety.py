@@ -61,7 +61,7 @@ async def test_the_page_replaces_a_retracted_reply_with_the_notice(open_page: Op
     assert await again.locator(f"{REPLY} .status").last.inner_text() == "Removed by the content rules"
 
 
-HOSTILE = ("<script>window.pwned=1</script> <img src=x onerror=\"window.pwned=2\"> **bold** "
+HOSTILE = ("Some **bold**: <script>window.pwned=1</script> <img src=x onerror=\"window.pwned=2\"> "
            "[bad](javascript:window.pwned=3)")
 
 
