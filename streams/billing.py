@@ -1,7 +1,7 @@
 """``parley billing replay --since ISO [--until ISO]`` (until: now): audit usage against the stores.
 
 Reads the ``usage`` topic again, recomputes per (user, day) totals (each
-generation once), and compares them with Cassandra's ``usage_by_day`` (written by
+generation once), and compares them with the day's figures in Cassandra (the usage ledger's totals, written by
 the usage rollup) and Redis's day counters (charged by settlement), and checks every
 charge against the replies log (``chat.replies``): a charge with no finished reply
 behind it, or one that differs from what that reply used, is a mismatch too. Prints

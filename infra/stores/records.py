@@ -50,7 +50,8 @@ class Records:
         return rows[0] if rows else None
 
     async def put_usage_day(self, u: UsageDay) -> None:
-        """Absolute values from the rollup's state: replaying the topic rewrites, never adds."""
+        """A day's row in ``usage_by_day`` (absolute values), where the days counted before the ledger's totals
+        existed are kept."""
         await self.db.execute(
             "INSERT INTO usage_by_day (user_id, day, tokens_in, tokens_out, tokens_cached, replies, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -67,23 +68,20 @@ class Records:
         """Count one generation's usage in its (user, day), in O(1) statements: its ledger row and the day's new
         totals (static columns of the ledger's partition) are written by one conditional batch, applied only if
         the row is absent and the totals are as read. The batch is a compare-and-set on a shared aggregate (a
-        redelivery, or the reconciler counting beside the agent), not a guard on a new id. usage_by_day is then
-        rewritten from the totals (absolute values: a crash before it is healed by the redelivery).
+        redelivery, or the reconciler counting beside the agent), not a guard on a new id. The totals are the
+        day's figures (``usage_day`` reads them): nothing else is written per reply.
         Returns (the day, whether this generation was new)."""
         this = (tokens_in, tokens_out, tokens_cached)
         while True:
             base, expected = await self._day_totals(user_id, day)
             total = UsageDay(user_id, day, *(a + b for a, b in zip(base[:3], this, strict=True)), base[3] + 1)
             if await self._count_once(generation_id, total, this, expected):
-                await self.put_usage_day(total)
                 return total, True
             # Not applied: counted already (a redelivery), or the totals moved under it (read them again).
             if await self.usage_counted(user_id, day, generation_id):
                 break
         base, _ = await self._day_totals(user_id, day)
-        total = UsageDay(user_id, day, *base)
-        await self.put_usage_day(total)
-        return total, False
+        return UsageDay(user_id, day, *base), False
 
     async def _day_totals(self, user_id: str, day: str) -> tuple[tuple[int, int, int, int], int | None]:
         """((in, out, cached, replies), the replies the batch expects to find). A partition counted before the
@@ -117,6 +115,15 @@ class Records:
         return bool(rows and rows[0].applied)
 
     async def usage_day(self, user_id: str, day: str) -> UsageDay | None:
+        """The day's figures: the ledger's totals, or for a day counted before they existed its
+        ``usage_by_day`` row."""
+        totals = await self.db.execute(
+            "SELECT day_tokens_in, day_tokens_out, day_tokens_cached, day_replies FROM usage_by_generation "
+            "WHERE user_id = ? AND day = ? LIMIT 1", (user_id, day))
+        if totals and totals[0].day_replies is not None:
+            t = totals[0]
+            return UsageDay(user_id, day, int(t.day_tokens_in or 0), int(t.day_tokens_out or 0),
+                            int(t.day_tokens_cached or 0), int(t.day_replies))
         rows = await self.db.execute(
             "SELECT user_id, day, tokens_in, tokens_out, tokens_cached, replies FROM usage_by_day "
             "WHERE user_id = ? AND day = ?", (user_id, day))
