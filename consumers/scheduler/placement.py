@@ -63,9 +63,10 @@ class Ring:
         return next(self.walk(key))
 
 
-def load_cap(loads: Mapping[str, int], c: float = LOAD_CAP) -> int:
-    """The most requests one replica may hold once the next is placed: c x the mean, rounded up."""
-    return max(1, math.ceil(c * (sum(loads.values()) + 1) / max(1, len(loads))))
+def load_cap(loads: Mapping[str, int], c: float = LOAD_CAP, floor: int = 1) -> int:
+    """The most requests one replica may hold once the next is placed: c x the mean, rounded up, and never
+    under ``floor`` (a few sequences more in a batch cost a replica little; a cold cache costs the prefill)."""
+    return max(floor, math.ceil(c * (sum(loads.values()) + 1) / max(1, len(loads))))
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,9 @@ class Placement:
     held_share: float = 0.0  # the share of the prompt the replica was known to hold
 
 
-def bounded(ring: Ring, key: str, loads: Mapping[str, int], c: float = LOAD_CAP) -> Placement:
+def bounded(ring: Ring, key: str, loads: Mapping[str, int], c: float = LOAD_CAP, floor: int = 1) -> Placement:
     """The key's home, or the least-loaded replica when the home is at the cap (ties: ring order)."""
-    cap = load_cap(loads, c)
+    cap = load_cap(loads, c, floor)
     order = list(ring.walk(key))
     home = order[0]
     if loads.get(home, 0) + 1 <= cap:
@@ -95,10 +96,10 @@ def held_share(prompt_hashes: Sequence[int], held: Collection[int]) -> float:
 
 
 def cache_aware(ring: Ring, key: str, prompt_hashes: Sequence[int], held: Mapping[str, Collection[int]],
-                loads: Mapping[str, int], c: float = LOAD_CAP) -> Placement:
+                loads: Mapping[str, int], c: float = LOAD_CAP, floor: int = 1) -> Placement:
     """The replica under the cap with the best score: PREFIX_WEIGHT x the share of the prompt it holds less
     QUEUE_WEIGHT x its load against the cap; ties go to ring order from the conversation's home."""
-    cap = load_cap(loads, c)
+    cap = load_cap(loads, c, floor)
     order = list(ring.walk(key))
     open_ = [r for r in order if loads.get(r, 0) + 1 <= cap] or order
     shares = {r: held_share(prompt_hashes, held.get(r, ())) for r in open_}
@@ -111,10 +112,10 @@ def cache_aware(ring: Ring, key: str, prompt_hashes: Sequence[int], held: Mappin
 
 def place(routing: Routing, ring: Ring, key: str, loads: Mapping[str, int], prompt_hashes: Sequence[int] = (),
           held: Mapping[str, Collection[int]] | None = None, rng: random.Random | None = None,
-          c: float = LOAD_CAP) -> Placement:
+          c: float = LOAD_CAP, floor: int = 1) -> Placement:
     """One generation's replica under ``routing``; ``ring`` holds at least one replica."""
     if routing == "random":
         return Placement((rng or random).choice(sorted(ring.replicas)), "random")
     if routing == "cache-aware" and prompt_hashes:
-        return cache_aware(ring, key, prompt_hashes, held or {}, loads, c)
-    return bounded(ring, key, loads, c)
+        return cache_aware(ring, key, prompt_hashes, held or {}, loads, c, floor)
+    return bounded(ring, key, loads, c, floor)

@@ -26,8 +26,10 @@ class Placed:
 
 
 class Replicas:
-    def __init__(self, routing: Routing, block_size: int = 16, rng: random.Random | None = None) -> None:
-        self.routing, self.block_size, self.rng = routing, block_size, rng or random.Random()
+    def __init__(self, routing: Routing, block_size: int = 16, rng: random.Random | None = None,
+                 floor: int = 1) -> None:
+        """``floor``: the load cap never below it (``placement.load_cap``)."""
+        self.routing, self.block_size, self.rng, self.floor = routing, block_size, rng or random.Random(), floor
         self.announced: dict[str, ReplicaAnnounced] = {}
         self.rings: dict[str, Ring] = {}  # topic -> the replicas owning a partition of it
         self.loads: Counter[str] = Counter()  # replica -> generations placed here, not finished
@@ -60,7 +62,8 @@ class Replicas:
         hashes = block_hashes(prompt, self.block_size) if self.routing == "cache-aware" and \
             not isinstance(prompt, str) else []
         loads = {r: self.loads[r] for r in ring.replicas}
-        placement = place(self.routing, ring, conversation_id, loads, hashes, self._held(ring.replicas), self.rng)
+        placement = place(self.routing, ring, conversation_id, loads, hashes, self._held(ring.replicas), self.rng,
+                          floor=self.floor)
         owned = self.announced[placement.replica].partitions[topic]
         self.loads[placement.replica] += 1
         self.on[generation_id] = placement.replica

@@ -236,7 +236,9 @@ class SchedulerStage(Stage):
         topics = Topics(settings.topic_prefix)
         queues = Queues({name: PoolLoad.of(cfg.max_num_seqs, cfg.held_requests) for name, cfg in pools.items()})
         quota = Quota.configured(redis, plans, settings) if redis is not None else None
-        replicas = {n: Replicas(c.routing, c.sim.block_size) for n, c in pools.items()} if redis is not None else {}
+        # The load cap never under a quarter of a replica's batch: below it, a spill costs a cache and saves nothing.
+        replicas = {n: Replicas(c.routing, c.sim.block_size, floor=max(1, c.max_num_seqs // 4))
+                    for n, c in pools.items()} if redis is not None else {}
         self.scheduler = Scheduler(topics, queues, plans, {n: c.served_model_name for n, c in pools.items()},
                                    CannedReplies.load(settings.canned_file), quota,
                                    FinishedReplies(redis, sealer=sealer) if redis is not None else None, redis,

@@ -56,6 +56,16 @@ def test_rings_agree_across_instances_and_orders() -> None:
 def test_the_cap_is_c_times_the_mean_with_the_newcomer() -> None:
     assert load_cap({"a": 0, "b": 0, "c": 0, "d": 0}) == 1
     assert load_cap({"a": 10, "b": 10, "c": 10, "d": 9}, c=1.25) == 13  # 1.25 x 40 / 4 = 12.5 -> 13
+    assert load_cap({"a": 1, "b": 0}, floor=4) == 4
+    assert load_cap({"a": 10, "b": 10, "c": 10, "d": 9}, floor=4) == 13
+
+
+def test_under_the_floor_the_home_keeps_a_busy_conversation() -> None:
+    ring = Ring(["w0", "w1", "w2", "w3"])
+    home = ring.home("conv-7")
+    loads = {r: 0 for r in ring.replicas} | {home: 3}
+    assert bounded(ring, "conv-7", loads).reason == "spill"
+    assert bounded(ring, "conv-7", loads, floor=4).replica == home
 
 
 def test_home_under_the_cap_keeps_the_conversation() -> None:
