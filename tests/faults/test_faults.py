@@ -514,9 +514,8 @@ async def test_worker_sigkill_hands_its_replies_to_the_other_replica(stack: Priv
         second = stack.second_worker(logs[1])
         await _ready(logs[1], 0, second)
         held = await _settled(logs, since)
-        conversations = [await new_conversation(stack.url, user[1]) for _ in range(3)]
-        _, sends = await _with_fault(stack, user, "worker SIGKILL with a second replica",
-                                     kill_the_first_replys_worker, notes=notes, conversations=conversations)
+        _, sends = await _with_fault(stack, user, "worker SIGKILL with a second replica",  # 2: the plan's max_running
+                                     kill_the_first_replys_worker, notes=notes)
         moved, survivor = fault["moved"], 1 - int(fault["victim"])  # type: ignore[call-overload]
         resumed = [g for g in moved if await _log_says(logs[survivor], since[survivor],  # type: ignore[attr-defined]
                                                        f"generation {g} resumed at seq".encode(), timeout_s=5)]
