@@ -68,15 +68,14 @@ async def stores(stack: PrivateStack) -> AsyncIterator[tuple[object, object]]:
 
 
 async def _with_fault(stack: PrivateStack, user: tuple[str, str], name: str, inject, replies: int = 2,  # type: ignore[no-untyped-def]
-                      notes: list[str] | None = None, expect: frozenset[str] = EXPECTED,
-                      conversations: list[str] | None = None) -> tuple[Counts, list[Send]]:
-    """Start ``replies`` sends (into ``conversations`` when given), inject the fault once they stream, wait for
-    every client, then check. ``inject`` may take the list of sends in progress (to read their generation ids);
-    what it appends to ``notes`` is reported with the checker's counts. Every send must still be streaming
-    when the fault strikes (one that had ended would pass without living through it)."""
+                      notes: list[str] | None = None, expect: frozenset[str] = EXPECTED) -> tuple[Counts, list[Send]]:
+    """Start ``replies`` sends, inject the fault once they stream, wait for every client, then check. ``inject``
+    may take the list of sends in progress (to read their generation ids); what it appends to ``notes`` is
+    reported with the checker's counts. Every send must still be streaming when the fault strikes (one that
+    had ended would pass without living through it)."""
     since = datetime.now(UTC) - timedelta(minutes=1)
     user_id, token = user
-    convs = conversations or [await new_conversation(stack.url, token) for _ in range(replies)]
+    convs = [await new_conversation(stack.url, token) for _ in range(replies)]
     seen: list[Send] = []
     clients = [asyncio.create_task(chat(stack.url, token, user_id, c, QUESTION, seen=seen)) for c in convs]
     await _streaming(seen, clients, len(convs))
