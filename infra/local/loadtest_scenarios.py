@@ -123,9 +123,17 @@ def routing(knobs: Knobs) -> list[Step]:
             Step("cache-aware, a worker leaves", spec("cache-aware"), load, probe="large", leave_after_s=leave)]
 
 
+def latency(knobs: Knobs) -> list[Step]:
+    """About one stream at a time (0.5 req/s of 32-token replies, one-turn prompts): each hop's p50 against its
+    budget (``producers.loadgen.hops.BUDGET_MS``)."""
+    service = ServiceSpec({"large": SimPool(workers=1, max_num_seqs=16, sim={"reply_tokens": 32}), "small": SMALL})
+    load = _shape(Load((Phase(60, 0.5),), max_tokens=32, max_turns=1, message_tokens=50, drain_s=20), knobs)
+    return [Step(_rates(load), service, load)]
+
+
 SCENARIOS: dict[str, Callable[[Knobs], list[Step]]] = {
     "replica": replica, "stages": stages, "gateway": gateway, "spike": spike, "prefill": prefill,
-    "tokens": tokens, "routing": routing}
+    "tokens": tokens, "routing": routing, "latency": latency}
 
 
 PIPELINE_GROUPS = ("admission", "prompt", "scheduler", "settlement", "persistence")

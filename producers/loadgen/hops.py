@@ -31,6 +31,11 @@ from topics.clients import make_consumer, topic_partitions
 
 HOPS = ("gateway", "admission", "prompt", "scheduler", "queue", "engine_first_token", "delivery")
 MARKS = (MessageSubmitted, RequestAdmitted, PromptBuilt, GenerationRequested)
+# The latency budget: each hop's p50 at one stream, ms (docs/performance.md, "Latency budget per hop"). The
+# pipeline's hops sum to 20 ms, inside the 30 ms Parley may add to the engine's own first token as `parley up`
+# starts it; the engine's first token is the engine's, not the pipeline's, so it has no budget here.
+BUDGET_MS: dict[str, float] = {"gateway": 3.0, "admission": 3.0, "prompt": 5.0, "scheduler": 2.0, "queue": 2.0,
+                               "delivery": 5.0}
 
 
 def hop_times(record: RequestRecord, marks: dict[str, float]) -> dict[str, float] | None:

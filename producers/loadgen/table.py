@@ -6,6 +6,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from producers.loadgen.hops import BUDGET_MS
+
 
 def _f(value: Any, digits: int = 1) -> str:
     if value is None:
@@ -90,9 +92,16 @@ def hops_table(r: dict[str, Any]) -> Table:
     table.add_column("hop")
     table.add_column("p50", justify="right")
     table.add_column("p99", justify="right")
+    table.add_column("budget (p50, one stream)", justify="right")
+    table.add_column("p50 / budget", justify="right")
     for hop, v in hops.items():
         if hop != "n":
-            table.add_row(hop, _f(v["p50"]), _f(v["p99"]))
+            budget = BUDGET_MS.get(hop)
+            table.add_row(hop, _f(v["p50"]), _f(v["p99"]), _f(budget) if budget else "-",
+                          f"{v['p50'] / budget:.2f}" if budget else "-")
+    pipeline = [v["p50"] for hop, v in hops.items() if hop in BUDGET_MS]
+    table.add_row("pipeline (all but the engine)", _f(sum(pipeline)), "", _f(sum(BUDGET_MS.values())),
+                  f"{sum(pipeline) / sum(BUDGET_MS.values()):.2f}")
     return table
 
 
