@@ -92,11 +92,11 @@ def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_c
     sampled = sampling_params.parse(body, max_tokens)
     return ChatRequest(pool, history, max_tokens, sampled.temperature, stream,
                        _include_usage(body.get("stream_options"), stream),
-                       _with_tools(sampled.sampling, tool_request), sampled.n,
+                       with_tools(sampled.sampling, tool_request), sampled.n,
                        tool_request if tool_request is not None and tool_request.calls else None)
 
 
-def _with_tools(sampling: Sampling | None, request: tools.ToolRequest | None) -> Sampling | None:
+def with_tools(sampling: Sampling | None, request: tools.ToolRequest | None) -> Sampling | None:
     """``required`` and a named function: the engine writes the calls as JSON fitting the tools' schema
     (structured outputs); ``auto``: free text read for <tool_call> blocks, stopped after the first call when
     parallel calls are off."""

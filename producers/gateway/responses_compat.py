@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producers.gateway import openai_compat as compat
-from producers.gateway import sampling_params
+from producers.gateway import responses_tools as rtools
+from producers.gateway import sampling_params, tools
 from producers.gateway.sampling_params import CompatError, invalid
 from schemas import GenerationFinished, GenerationStarted, RequestRefused, TokensAppended, Usage, id_time_ms
 from schemas.gateway import ChatTurn
@@ -22,10 +23,9 @@ PREFIX = "resp_"
 ACCEPTED = frozenset({"model", "input", "instructions", "previous_response_id", "store", "stream", "background",
                       "max_output_tokens", "temperature", "top_p", "metadata", "user", "text", "truncation",
                       "parallel_tool_calls", "service_tier", "safety_identifier", "prompt_cache_key",
-                      "top_logprobs", "stream_options"})
+                      "top_logprobs", "stream_options", "tools", "tool_choice"})
 # Accepted only at the value that means "not used" (what the SDKs send by default).
-UNUSED: dict[str, tuple[Any, ...]] = {"tools": (None, []), "tool_choice": (None, "none", "auto"),
-                                      "include": (None, []), "reasoning": (None, {}), "max_tool_calls": (None,)}
+UNUSED: dict[str, tuple[Any, ...]] = {"include": (None, []), "reasoning": (None, {}), "max_tool_calls": (None,)}
 STATUS = {"complete": "completed", "length": "incomplete", "stopped": "cancelled", "failed": "failed",
           "blocked": "incomplete"}  # the output check cut the reply: its text is the notice
 INCOMPLETE = {"length": "max_output_tokens", "blocked": "content_filter"}
@@ -46,13 +46,15 @@ class ResponseRequest:
     temperature: float | None
     sampling: Sampling | None
     metadata: dict[str, str] = field(default_factory=dict)
+    tool_echo: dict[str, Any] = field(default_factory=dict)  # tools, tool_choice, parallel_tool_calls as sent
+    tools: tools.ToolRequest | None = None
 
     def echo(self) -> dict[str, Any]:
         """The request fields every response object repeats (kept with the response in Redis)."""
         return {"instructions": self.instructions, "previous_response_id": self.previous_response_id,
                 "store": self.store, "background": self.background, "max_output_tokens": self.max_output_tokens,
                 "temperature": self.temperature, "top_p": self.sampling.top_p if self.sampling else None,
-                "metadata": self.metadata}
+                "metadata": self.metadata, **self.tool_echo}
 
 
 def response_id(generation_id: str) -> str:
@@ -63,7 +65,9 @@ def generation_of(rid: str) -> str | None:
     return rid[len(PREFIX):] if rid.startswith(PREFIX) and len(rid) > len(PREFIX) else None
 
 
-def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_chars: int) -> ResponseRequest:
+def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_chars: int,
+          prior: list[dict[str, Any]] | None = None) -> ResponseRequest:
+    """``prior``: the previous response's calls, as an assistant message, when ``input`` answers them."""
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")
     for name, unused in UNUSED.items():
@@ -77,8 +81,10 @@ def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_c
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise invalid("'instructions' must be a string.", "instructions")
+    tool_request, tool_echo = rtools.parse(body)
     try:
-        turns = compat.messages(_input(body.get("input")), max_message_chars)
+        turns = compat.messages([*(prior or []), *rtools.input_items(_input(body.get("input")))], max_message_chars,
+                                tool_request)
     except CompatError as exc:  # the chat checks name "messages"; here the field is "input"
         param = exc.param.replace("messages", "input", 1) if exc.param else exc.param
         raise CompatError(exc.status, exc.code, exc.message.replace("messages", "input"), param) from exc
@@ -103,7 +109,9 @@ def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_c
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise invalid("'metadata' must be an object of strings.", "metadata")
     return ResponseRequest(pool, turns, instructions, previous, store, _flag(body, "stream", False), background,
-                           max_output, sampled.temperature, sampled.sampling, metadata)
+                           max_output, sampled.temperature, compat.with_tools(sampled.sampling, tool_request),
+                           metadata, tool_echo, tool_request if tool_request is not None and tool_request.calls
+                           else None)
 
 
 def _input(raw: Any) -> list[dict[str, Any]]:
@@ -114,6 +122,9 @@ def _input(raw: Any) -> list[dict[str, Any]]:
         raise invalid("'input' must be a string or a non-empty array of message items.", "input")
     out = []
     for i, item in enumerate(raw):
+        if isinstance(item, dict) and item.get("type") in rtools.ITEM_TYPES:
+            out.append(item)  # read by responses_tools.input_items
+            continue
         if not isinstance(item, dict) or item.get("type", "message") != "message":
             kind = item.get("type") if isinstance(item, dict) else type(item).__name__
             raise invalid(f"input[{i}]: only message items are supported (got {kind!r}).", f"input[{i}]",
@@ -212,7 +223,7 @@ def response_object(state: State, echo: Mapping[str, Any]) -> dict[str, Any]:
         "created_at": id_time_ms(state.generation_id) // 1000, "status": state.status, "model": state.model,
         "error": state.error, "incomplete_details": {"reason": INCOMPLETE.get(state.reason, "max_output_tokens")}
         if state.status == "incomplete" else None,
-        "output": [message_item(state, state.text)] if started or state.done else [],
+        "output": _output(state, echo) if started or state.done else [],
         "usage": None if usage is None else {
             "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
             "total_tokens": usage.prompt_tokens + usage.completion_tokens,
@@ -222,11 +233,22 @@ def response_object(state: State, echo: Mapping[str, Any]) -> dict[str, Any]:
         "text": {"format": {"type": "text"}}, **echo}
 
 
+def _output(state: State, echo: Mapping[str, Any]) -> list[dict[str, Any]]:
+    request = rtools.request_of(dict(echo))
+    if request is None or state.reason == "blocked":  # a cut reply's text is the notice
+        return [message_item(state, state.text)]
+    return rtools.output(request, state.generation_id, state.text, lambda text: message_item(state, text))
+
+
 class EventStream:
     """A response's stream events, numbered from 0; the same events in give the same numbers out."""
 
     def __init__(self, state: State, echo: Mapping[str, Any]) -> None:
         self.state, self.echo, self.seq, self.opened = state, echo, -1, False
+        request = rtools.request_of(dict(echo))
+        self.calls = None if request is None else rtools.ToolEvents(
+            request, state.generation_id, self._numbered,
+            lambda text, status: message_item(self.state, text or None, status), _part)
 
     def start(self) -> list[dict[str, Any]]:
         return [self._event("response.created"), self._event("response.in_progress")]
@@ -237,6 +259,9 @@ class EventStream:
         out: list[dict[str, Any]] = []
         if was_done:
             return out
+        if self.calls is not None:
+            out = self.calls.feed(new_text) if new_text else []
+            return out + (self.calls.close() + [self._event(END_EVENT[self.state.status])] if self.state.done else [])
         if isinstance(event, GenerationStarted) or new_text or self.state.done:
             out += self._open()
         if new_text:
@@ -248,6 +273,10 @@ class EventStream:
     def saved(self, text: str, status: str, model: str, usage: Usage) -> list[dict[str, Any]]:
         """The buffer aged out: the saved reply, whole, as one delta."""
         self.state.model, self.state.text = model, text
+        if self.calls is not None:
+            out = self.calls.feed(text)
+            self.state.status, self.state.usage = status, usage
+            return out + self.calls.close() + [self._event(END_EVENT[self.state.status])]
         out = [*self._open(), self._delta(text)] if text else self._open()
         self.state.status, self.state.usage = status, usage
         return out + self._close()

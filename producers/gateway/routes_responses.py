@@ -27,6 +27,7 @@ from infra.stores.accounts import User
 from producers.gateway import jobs as jobs_
 from producers.gateway import openai_compat as compat
 from producers.gateway import responses_compat as rc
+from producers.gateway import responses_tools as rtools
 from producers.gateway import submission
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.jobs import CancelOnLeave, Job
@@ -44,7 +45,7 @@ BACKGROUND_READER_S = 3600  # longer than any reply takes; a cancel still stops 
 CANCEL_WAIT_S = 30.0
 FINISHED = ("complete", "stopped", "length")
 REPLAYED = object()  # between the replayed events and the live ones
-SEALED_ECHO = ("instructions", "metadata")  # the user-written fields of the request kept in Redis
+SEALED_ECHO = ("instructions", "metadata", "tools")  # the user-written fields of the request kept in Redis
 
 
 @router.post("/responses", response_model=None,
@@ -52,7 +53,8 @@ SEALED_ECHO = ("instructions", "metadata")  # the user-written fields of the req
 async def create_response(request: Request, body: Any = Body(..., examples=[{"model": "large", "input": "Hi!"}]),
                           user: User = Depends(current_user)) -> Any:
     gw = gateway_of(request)
-    req = rc.parse(body, gw.models, gw.settings.default_pool, gw.settings.max_message_chars)
+    prior = await _prior_calls(gw, user, body)
+    req = rc.parse(body, gw.models, gw.settings.default_pool, gw.settings.max_message_chars, prior)
     slot = gw.streams.take(user.user_id)  # held while the reply streams or is waited for
     try:
         return slot.holding(await _create(request, gw, user, req))
@@ -63,6 +65,8 @@ async def create_response(request: Request, body: Any = Body(..., examples=[{"mo
 
 async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseRequest) -> Response:
     conversation_id, earlier = await _continued(gw, user, req.previous_response_id)
+    if await _prior_calls(gw, user, {"previous_response_id": req.previous_response_id}):
+        earlier = earlier[:-1]  # the previous reply is in req.input, its calls written as calls
     if conversation_id is None:
         keep = req.store and not gw.keeps_nothing(user)  # no-retention plans: not listed, no title
         conv = await gw.conversations.create(user.user_id, model=req.pool, source="api", listed=keep,
@@ -175,6 +179,20 @@ async def _meta(gw: Gateway, user: User, response_id: str, param: str | None = N
         raise compat.CompatError(404, "not_found", f"No response found with id '{response_id}'.", param)
     meta["echo"] = await gw.sealer.open_values(meta["conversation_id"], meta["echo"], SEALED_ECHO)
     return gid, meta
+
+
+async def _prior_calls(gw: Gateway, user: User, body: Any) -> list[dict[str, Any]] | None:
+    """The previous response's calls as an assistant message, when it made any: the new input's
+    ``function_call_output`` items answer them."""
+    previous = body.get("previous_response_id") if isinstance(body, dict) else None
+    if not isinstance(previous, str) or rc.generation_of(previous) is None:
+        return None
+    gid, meta = await _meta(gw, user, previous, "previous_response_id")
+    request = rtools.request_of(meta["echo"])
+    if request is None:
+        return None
+    message = rtools.prior_message(request, gid, (await _state(gw, gid, meta)).text)
+    return [message] if message is not None else None
 
 
 async def _continued(gw: Gateway, user: User, previous: str | None) -> tuple[str | None, list[ChatTurn]]:

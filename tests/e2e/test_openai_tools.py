@@ -181,3 +181,40 @@ async def test_litellm_tool_calls(service: Service, alice: Caller) -> None:
     [call] = resp.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and resp.choices[0].finish_reason == "tool_calls"
     jsonschema.validate(json.loads(call.function.arguments), PARAMETERS)
+
+
+# -- the Responses API ------------------------------------------------------------------------------------
+RESPONSES_WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
+                     "parameters": PARAMETERS, "strict": True}
+
+
+async def test_responses_function_call_then_its_output_continues_the_conversation(
+        client: openai.AsyncOpenAI) -> None:
+    first = await client.responses.create(model="large", input=ASK[0]["content"], tools=[RESPONSES_WEATHER],  # type: ignore[list-item]
+                                          tool_choice={"type": "function", "name": "get_weather"},
+                                          temperature=0, max_output_tokens=60)
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert first.status == "completed" and call.name == "get_weather" and call.call_id  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.arguments), PARAMETERS)  # type: ignore[union-attr]
+    answer = await client.responses.create(
+        model="large", previous_response_id=first.id, tools=[RESPONSES_WEATHER], tool_choice="none",  # type: ignore[list-item]
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees and sunny"}],  # type: ignore[union-attr]
+        temperature=0, max_output_tokens=30)
+    assert answer.status in ("completed", "incomplete") and answer.output_text
+    assert (await client.responses.retrieve(first.id)).output[0].type == "function_call"
+
+
+async def test_responses_streamed_call_arguments_join_and_resume_with_the_same_numbers(
+        client: openai.AsyncOpenAI) -> None:
+    stream = await client.responses.create(model="large", input=ASK[0]["content"], tools=[RESPONSES_WEATHER],  # type: ignore[list-item]
+                                           tool_choice="required", parallel_tool_calls=False, temperature=0,
+                                           max_output_tokens=80, stream=True, background=True)
+    events = [event async for event in stream]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")  # type: ignore[union-attr]
+    [done] = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert deltas == done.arguments and jsonschema.validate(json.loads(deltas), PARAMETERS) is None  # type: ignore[union-attr]
+    rid = events[0].response.id  # type: ignore[union-attr]
+    resumed = [e async for e in await client.responses.retrieve(rid, stream=True, starting_after=2)]
+    assert [e.sequence_number for e in resumed] == [e.sequence_number for e in events[3:]]
+    assert [e.type for e in resumed] == [e.type for e in events[3:]]
