@@ -18,6 +18,7 @@ import json
 import random
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from consumers.generation.announce import ReplicaAnnounced
 from consumers.generation.sim_core import SimCore
@@ -66,7 +67,8 @@ def simulate(routing: Routing, rate: float, seconds: float, seed: int, skew: boo
     cores = {f"w{i}": SimCore(SIM, max_num_seqs=SEQS, max_num_batched_tokens=8192) for i in range(REPLICAS)}
     live = set(cores)
     replicas = Replicas(routing, SIM.block_size, random.Random(seed + 1), floor=SEQS // 4)
-    run, events = Run(), []  # events: (time, kind, payload)
+    run = Run()
+    events: list[tuple[float, int, str, Conversation]] = []  # (time, order, kind, conversation)
     arrived: dict[str, tuple[float, Conversation, str]] = {}  # request -> (arrival, conversation, replica)
     first: set[str] = set()
     homes: dict[str, str] = {}
@@ -143,7 +145,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=600.0, help="virtual seconds of arrivals")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for routing in ROUTINGS:
         steady = simulate(routing, args.rate, args.seconds, args.seed)
         skewed = simulate(routing, args.rate, args.seconds, args.seed, skew=True)
