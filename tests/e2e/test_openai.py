@@ -108,10 +108,10 @@ async def test_errors_raise_the_openai_exceptions(service: Service, client: open
         with pytest.raises(openai.AuthenticationError) as auth:
             await stranger.chat.completions.create(model="large", messages=user)  # type: ignore[arg-type]
     assert auth.value.code == "invalid_api_key"
-    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "string"}}}
     with pytest.raises(openai.BadRequestError) as tools:
         await client.chat.completions.create(model="large", messages=user, tools=[tool])  # type: ignore[arg-type,list-item]
-    assert tools.value.param == "tools"
+    assert tools.value.param == "tools[0].function.parameters"  # a tool's parameters must be an object schema
     with pytest.raises(openai.BadRequestError) as n:
         await client.chat.completions.create(model="large", messages=user, n=3)  # type: ignore[arg-type]
     assert n.value.param == "n"  # more choices than the plan runs replies at once

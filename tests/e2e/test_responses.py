@@ -111,7 +111,7 @@ async def test_store_false_keeps_nothing_and_delete_forgets(client: openai.Async
 async def test_unsupported_fields_are_a_400_naming_them(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as tools:
         await client.responses.create(model="large", input="hi", tools=[{"type": "web_search"}])  # type: ignore[list-item]
-    assert tools.value.param == "tools"
+    assert tools.value.param == "tools[0].type"  # function tools only
     with pytest.raises(openai.BadRequestError) as reasoning:
         await client.responses.create(model="large", input="hi", reasoning={"effort": "high"})
     assert reasoning.value.param == "reasoning"
