@@ -172,6 +172,23 @@ async def test_langchain_bind_tools_with_tool_choice_and_an_agent_loop_with_a_lo
     assert [c["name"] for c in required.tool_calls] == ["get_weather"]  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+async def test_langchain_structured_output_through_a_schema_or_a_forced_function(service: Service, alice: Caller,
+                                                                               method: str) -> None:
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        city: str = Field(max_length=12)
+        celsius: int
+
+    llm = ChatOpenAI(base_url=f"{service.url('gateway-a')}/v1", api_key=alice.token, model="large",  # type: ignore[arg-type]
+                     temperature=0, max_tokens=60, max_retries=0)
+    found = await llm.with_structured_output(Weather, method=method).ainvoke(  # type: ignore[arg-type]
+        "It is 18 degrees in Paris. Extract the city and temperature.")
+    assert isinstance(found, Weather) and found.city
+
+
 async def test_litellm_tool_calls(service: Service, alice: Caller) -> None:
     import litellm
 
