@@ -38,10 +38,10 @@ Send = Callable[[UsageRecorded], Awaitable[None]]
 
 
 def charge_for(finished: GenerationFinished) -> tuple[int, int]:
-    """(tokens in, tokens out) to charge: what the reply used, and nothing for a reply that failed (the user
-    got an error, not an answer: a refusal or failure after admission costs 0)."""
-    if finished.status == "failed":
-        return 0, 0
+    """(tokens in, tokens out) to charge: what the engine read and wrote for the reply, whatever its end. A
+    reply that failed before any engine read it (refused, past its deadline, a pool with no room) reports no
+    usage and costs 0; one that failed in the engine (a grammar that did not compile or timed out, an engine
+    error) cost engine time and is charged at least its prompt: otherwise it could be repeated for free."""
     return finished.usage.prompt_tokens, finished.usage.completion_tokens
 
 

@@ -1,6 +1,8 @@
-"""A reply that fails in the worker (its request invalid for the pool, or the engine raising mid-reply), on real
-Kafka and Redis: by the time its end is on chat.tokens the reservation and the running slot are back and
-nothing is charged. The engine is the test double (tests/fakes.py): what is under test is the worker's ending."""
+"""A reply that fails in the worker, on real Kafka and Redis, by the time its end is on chat.tokens: one refused
+before the engine (its request invalid for the pool) has its reservation and running slot back and costs nothing;
+one the engine failed mid-reply has its slot back and is settled with what the engine read and wrote, so a
+request that burns engine time is never free. The engine is the test double (tests/fakes.py): what is under test
+is the worker's ending and its settlement."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +17,8 @@ from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation
-from schemas import GenerationFinished, GenerationRequested, decode, new_id
+from schemas import GenerationFinished, GenerationRequested, UsageRecorded, decode, new_id
+from streams.settlement import Settlement
 from tests.fakes import FakeEngine
 from topics import Topics
 from topics.clients import make_consumer, make_producer, send
@@ -39,8 +42,14 @@ async def _ended(settings: Settings, gid: str, timeout: float = 60) -> Generatio
     raise TimeoutError(f"no end for {gid}")
 
 
-async def test_failed_replies_free_everything_before_their_end_is_published(settings: Settings,
-                                                                           redis_client: Any) -> None:
+def _collector(into: list[UsageRecorded]) -> Any:
+    async def record(usage: UsageRecorded) -> None:
+        into.append(usage)
+    return record
+
+
+async def test_a_failed_reply_frees_its_slot_at_once_and_costs_what_the_engine_did(settings: Settings,
+                                                                                   redis_client: Any) -> None:
     engine = FakeEngine(reply="one two three four five six", step_delay=0.02, fail_after_steps=2)
     worker = GenerationWorker(settings, Limits("large", "fake", max_model_len=64), engine, capacity=4,
                               plans=PLANS)  # type: ignore[arg-type]
@@ -49,9 +58,9 @@ async def test_failed_replies_free_everything_before_their_end_is_published(sett
     producer = make_producer(settings.kafka_bootstrap)
     await producer.start()
     try:
-        user = f"u-{uuid.uuid4().hex}"
         cases = {"engine": list(range(10)), "validation": list(range(80))}  # 80 tokens: over the 64-token window
         for why, prompt in cases.items():
+            user = f"u-{uuid.uuid4().hex}"  # one each: what one is charged is the other's baseline
             gid = new_id()
             assert isinstance(await quota.reserve(user, "paid", gid, 500), Reservation)
             waiting = asyncio.create_task(_ended(settings, gid))
@@ -62,10 +71,23 @@ async def test_failed_replies_free_everything_before_their_end_is_published(sett
             end = await waiting
             snap = await quota.snapshot(user, "paid")  # read as soon as the end is visible
             assert end.status == "failed" and end.reason, (why, end)
-            assert (snap["reserved"], snap["running"], snap["used"]) == (0, 0, 0), (why, snap)
-            marker = await quota.settled(gid)
-            assert marker is not None and marker.charged == 0 and marker.published  # exactly once, nothing to bill
             assert await redis_client.get(keys.finished_reply(gid)) is not None  # readable before its end was
+            if why == "validation":  # no engine read it: everything back, nothing to bill
+                assert end.usage.prompt_tokens == end.usage.completion_tokens == 0, end.usage
+                assert (snap["reserved"], snap["running"], snap["used"]) == (0, 0, 0), (why, snap)
+                marker = await quota.settled(gid)
+                assert marker is not None and marker.charged == 0 and marker.published  # exactly once
+                continue
+            # The engine read the prompt and wrote two steps: the slot is free, the reservation waits for settlement.
+            assert end.usage.prompt_tokens == len(prompt) and end.usage.completion_tokens > 0, end.usage
+            assert snap["reserved"] >= 500 and (snap["running"], snap["used"]) == (0, 0), (why, snap)
+            recorded: list[UsageRecorded] = []
+            marker = await Settlement(quota, _collector(recorded)).handle(end)
+            cost = end.usage.prompt_tokens + end.usage.completion_tokens
+            assert marker is not None and marker.charged == cost and marker.status == "failed"
+            assert [u.charged_tokens for u in recorded] == [cost]
+            snap = await quota.snapshot(user, "paid")
+            assert (snap["reserved"], snap["running"], snap["used"]) == (0, 0, cost), snap
 
     finally:
         worker.stop()

@@ -56,7 +56,8 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
         assert isinstance(reserved, Reservation)
         day = reserved.day
         replies.append(finished(gen, user, 300 + i, 10 * i, ("complete", "stopped", "failed")[i % 3]))
-    want = {u: sum(sum(settlement.charge_for(r)) for r in replies if r.user_id == u) for u in users}  # failed: 0
+    # A failed reply here failed in the engine (it reports usage): it is charged that usage like the others.
+    want = {u: sum(sum(settlement.charge_for(r)) for r in replies if r.user_id == u) for u in users}
     # A previous settlement incarnation settled this one and died before publishing its usage.
     crashed = replies[3]
     assert await quota.settle(crashed.generation_id, crashed.usage.prompt_tokens,
@@ -110,7 +111,7 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
             assert (snap["used"], snap["reserved"], snap["running"], snap["replies"]) == (want[user], 0, 0, 5)
             row = await records.usage_day(user, day)
             assert row is not None
-            charged = [r for r in mine if r.status != "failed"]  # a failed reply is recorded, charged 0
+            charged = mine  # a reply that failed in the engine is charged what it read and wrote
             assert (row.tokens_in, row.tokens_out, row.tokens_cached, row.replies) == (
                 sum(r.usage.prompt_tokens for r in charged), sum(r.usage.completion_tokens for r in charged),
                 sum(r.usage.cached_prompt_tokens for r in charged), 5)

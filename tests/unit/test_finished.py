@@ -1,4 +1,5 @@
-"""The read-your-writes overlay, what a failed reply is charged, and the billing check of charges against replies."""
+"""The read-your-writes overlay, what a reply is charged (a failed one too), and the billing check of
+charges against replies."""
 from __future__ import annotations
 
 from infra.stores.conversations import Message
@@ -49,14 +50,18 @@ def test_a_saved_row_wins_over_the_overlay() -> None:
     assert overlay([saved], {"g1": _finished("g1", text="other")}) == [saved]
 
 
-def test_a_failed_reply_is_charged_nothing_and_others_their_usage() -> None:
-    assert charge_for(_finished("g", "failed")) == (0, 0)
+def test_a_reply_is_charged_what_the_engine_read_and_wrote_even_when_it_failed() -> None:
+    import msgspec
+
     assert charge_for(_finished("g", "stopped")) == (30, 4) == charge_for(_finished("g", "length"))
+    assert charge_for(_finished("g", "failed")) == (30, 4)  # failed in the engine: it burned engine time
+    never_ran = msgspec.structs.replace(_finished("g", "failed"), usage=Usage())  # refused before any engine
+    assert charge_for(never_ran) == (0, 0)
 
 
 def test_billing_names_a_charge_with_no_reply_or_another_amount() -> None:
     charges = {"ok": _usage("ok", 34), "ghost": _usage("ghost", 9_334), "over": _usage("over", 40),
-               "failed": _usage("failed", 0)}
+               "failed": _usage("failed", 34)}
     replies = {"ok": _finished("ok"), "over": _finished("over"), "failed": _finished("failed", "failed")}
     found = {(m.generation_id, m.field, m.expected, m.found) for m in unmatched_charges(charges, replies)}
     assert found == {("ghost", "charged, no reply", 0, 9_334), ("over", "charged", 34, 40)}
