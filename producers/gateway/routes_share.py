@@ -29,7 +29,11 @@ router = APIRouter(prefix="/v1", tags=["shares"], responses=responses(422, 503))
 SHARE_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 # Anyone may read a share, so nothing in its answer may be indexed or cached past a revoke.
 PUBLIC_HEADERS = {"X-Robots-Tag": "noindex, nofollow", "Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
-SHOWN = ("complete", "stopped", "length", "blocked", "failed")  # a reply still generating is not in a snapshot
+
+
+def shown(m: Message) -> bool:
+    """In a snapshot: what was said; not a reply still being written, nor one that ended with no text."""
+    return m.role == "user" or (m.status != "generating" and bool(m.content))
 
 
 def shares_of(gw: Gateway) -> Shares:
@@ -58,7 +62,7 @@ async def create_share(request: Request, conversation_id: str, body: NewShare | 
     gw = gateway_of(request)
     conv = await owned(gw, conversation_id, user)
     last_id = body.message_id if body else None
-    messages = [m for m in transcript.branch(await history(gw, conversation_id), last_id) if m.status in SHOWN]
+    messages = [m for m in transcript.branch(await history(gw, conversation_id), last_id) if shown(m)]
     if not messages:
         raise (not_found("message") if last_id else
                ApiError(422, "nothing_to_share", "This conversation has no finished message yet."))

@@ -173,11 +173,14 @@ async def test_a_malformed_share_id_is_404_without_a_store_read(client: Any, sha
     assert (await http.get(f"/v1/shares/{share_id}")).status_code == 404
 
 
-async def test_a_reply_still_being_written_is_not_shared(client: Any) -> None:
+async def test_a_reply_still_being_written_or_without_text_is_not_shared(client: Any) -> None:
     http, gw = client
     await say(gw, 2, "user", "m1", "More?")
     await say(gw, 3, "assistant", "m2", "", status="generating")
     share = (await http.post("/v1/conversations/c/share", headers=ANN, json={"message_id": "m3"})).json()
+    assert share["message_count"] == 3
+    await say(gw, 5, "assistant", "m2", "", status="failed")  # ended with no text: nothing to show either
+    share = (await http.post("/v1/conversations/c/share", headers=ANN, json={"message_id": "m5"})).json()
     assert share["message_count"] == 3
     assert (await http.post("/v1/conversations/d/share", headers=ANN)).json()["error"]["code"] == "nothing_to_share"
     assert (await http.post("/v1/conversations/c/share", headers=ANN, json={"message_id": "nope"})).status_code == 404
