@@ -57,15 +57,16 @@ async def create_response(request: Request, body: Any = Body(..., examples=[{"mo
     req = rc.parse(body, gw.models, gw.settings.default_pool, gw.settings.max_message_chars, prior)
     slot = gw.streams.take(user.user_id)  # held while the reply streams or is waited for
     try:
-        return slot.holding(await _create(request, gw, user, req))
+        return slot.holding(await _create(request, gw, user, req, prior is not None))
     except BaseException:
         slot.release()
         raise
 
 
-async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseRequest) -> Response:
+async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseRequest, called: bool) -> Response:
+    """``called``: the previous response made calls, and its reply leads ``req.input``."""
     conversation_id, earlier = await _continued(gw, user, req.previous_response_id)
-    if await _prior_calls(gw, user, {"previous_response_id": req.previous_response_id}):
+    if called:
         earlier = earlier[:-1]  # the previous reply is in req.input, its calls written as calls
     if conversation_id is None:
         keep = req.store and not gw.keeps_nothing(user)  # no-retention plans: not listed, no title
