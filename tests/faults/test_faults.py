@@ -422,6 +422,7 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.timeout(900)  # a second worker's start on a loaded machine
 async def test_worker_sigstop_sigcont_is_fenced(stack: PrivateStack, user: tuple[str, str]) -> None:
     """The worker is paused (SIGSTOP) mid-reply; a second worker of the pool joins, is given its partitions
     and takes the replies over; then the first is let go on (SIGCONT) while its engine still holds them. It
@@ -485,6 +486,7 @@ def _placed(stages_log: Path, generation_id: str) -> int:
     return int(found.group(1))
 
 
+@pytest.mark.timeout(900)  # a second worker's start on a loaded machine
 async def test_worker_sigkill_hands_its_replies_to_the_other_replica(stack: PrivateStack,
                                                                       user: tuple[str, str]) -> None:
     """Two workers serve the pool in one consumer group. The one holding the first reply is SIGKILLed
