@@ -169,16 +169,18 @@ class Conversations:
         new = Conversation(conv.conversation_id, conv.user_id, title or conv.title, model or conv.model, at,
                            conv.source)
         sealed = await self._seal(conv.conversation_id, new.title)
-        await self.db.execute(
-            "UPDATE conversations SET updated_at = ?, title = ?, model = ? WHERE conversation_id = ?",
-            (at, sealed, new.model, conv.conversation_id))
-        await self.db.execute(
-            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
-            "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, sealed, new.model, conv.source))
+        # Three different rows: written together, one round trip instead of three.
+        writes = [
+            self.db.execute("UPDATE conversations SET updated_at = ?, title = ?, model = ? WHERE conversation_id = ?",
+                            (at, sealed, new.model, conv.conversation_id)),
+            self.db.execute(
+                "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
+                "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, sealed, new.model, conv.source))]
         if _ms(at) != _ms(before):
-            await self.db.execute(
+            writes.append(self.db.execute(
                 "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
-                (conv.user_id, before, conv.conversation_id))
+                (conv.user_id, before, conv.conversation_id)))
+        await asyncio.gather(*writes)
         rows = await self.db.execute("SELECT user_id, deleted FROM conversations WHERE conversation_id = ?",
                                      (conv.conversation_id,))
         if not rows or rows[0].deleted or rows[0].user_id is None:
