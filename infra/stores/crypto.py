@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -140,10 +141,16 @@ class DataKeys:
         self.subscribed = False
         self.heard = 0  # destructions heard and subscription losses: a load spanning one is kept cache_s
         self._task: asyncio.Task[None] | None = None
+        # Told of each forgotten key (its conversation id; None: all of them), to drop what they derived from it.
+        self.listeners: list[Callable[[str | None], None]] = []
+
+    def live(self, heard: int) -> bool:
+        """Whether what was read while ``heard`` was current may be kept ``live_cache_s``."""
+        return self.subscribed and heard == self.heard
 
     def _keep(self, conversation_id: str, key: AESGCM, heard: int) -> None:
-        live = self.subscribed and heard == self.heard
-        self._cache[conversation_id] = (time.monotonic() + (self.live_cache_s if live else self.cache_s), key)
+        keep = self.live_cache_s if self.live(heard) else self.cache_s
+        self._cache[conversation_id] = (time.monotonic() + keep, key)
 
     async def create(self, conversation_id: str, tenant_id: str) -> AESGCM:
         """The key of a conversation made now. A plain write, not a lightweight transaction: the only caller
@@ -214,10 +221,14 @@ class DataKeys:
     def forget(self, conversation_id: str) -> None:
         self.heard += 1
         self._cache.pop(conversation_id, None)
+        for listener in self.listeners:
+            listener(conversation_id)
 
     def forget_all(self) -> None:
         self.heard += 1
         self._cache.clear()
+        for listener in self.listeners:
+            listener(None)
 
     async def stop(self) -> None:
         if self._task is not None:

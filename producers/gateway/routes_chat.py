@@ -209,8 +209,7 @@ def _pool(gw: Gateway, requested: str | None) -> str:
 
 
 async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> None:
-    conv = await gw.conversations.get(conversation_id)
-    if conv is None or conv.user_id != user.user_id:
+    if await gw.conversation_owners.owner(conversation_id) != user.user_id:
         raise not_found("conversation")
     await gw.sealer.keys.ensure(conversation_id, user.user_id)  # the message is sealed with it
 

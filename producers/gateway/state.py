@@ -26,6 +26,7 @@ from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession, connect
 from producers.gateway import metrics
 from producers.gateway.cursors import Cursors, cursor_key
+from producers.gateway.owners import Owners
 from producers.gateway.relay import TokenRelay
 from producers.gateway.stream_slots import StreamSlots
 from producers.gateway.tokens import TokenCache
@@ -52,6 +53,7 @@ class Gateway:
     accounts: Accounts = field(init=False)
     tokens: TokenCache = field(init=False)
     conversations: Conversations = field(init=False)
+    conversation_owners: Owners = field(init=False)
     records: Records = field(init=False)
     finished: FinishedReplies = field(init=False)
     cursors: Cursors = field(init=False)
@@ -82,6 +84,7 @@ class Gateway:
         self.tokens = TokenCache(self.accounts, self.redis)
         self.tokens.start()
         self.conversations, self.records = Conversations(db, self.sealer), Records(db, self.sealer)
+        self.conversation_owners = Owners(self.conversations, self.sealer.keys)
         self.finished = FinishedReplies(self.redis, sealer=self.sealer)
         self.relay = TokenRelay(self.settings.kafka_bootstrap, self.topics.tokens, self.sealer,
                                 index=self.settings.gateway_index, count=self.settings.gateway_count)

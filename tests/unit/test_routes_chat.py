@@ -58,6 +58,15 @@ class Relay:
         return offset
 
 
+class ConversationOwners:
+    def __init__(self, conversations: FakeConversations) -> None:
+        self.conversations = conversations
+
+    async def owner(self, conversation_id: str) -> str | None:
+        conv = await self.conversations.get(conversation_id)
+        return conv.user_id if conv is not None else None
+
+
 @dataclass
 class Gateway:
     settings: Settings = field(default_factory=lambda: Settings().with_(max_message_chars=50))
@@ -70,6 +79,10 @@ class Gateway:
     gateway_id: str = "gw-test"
     keepalive_s: float = 1.0
     streams: StreamSlots = field(default_factory=lambda: StreamSlots(8))
+
+    @property
+    def conversation_owners(self) -> ConversationOwners:
+        return ConversationOwners(self.conversations)
 
     async def user_for_token(self, token: str) -> User | None:
         return TOKENS.get(token)

@@ -1,0 +1,46 @@
+"""Which user owns a conversation, remembered by the gateway while a deletion would be heard.
+
+A send checks that the conversation is the caller's and not deleted: a Cassandra read on the first token's
+path, the same answer for every turn. A deletion destroys the conversation's data key, and the data keys
+(``DataKeys``) hear every destruction on Redis: an owner is kept only while they do (``DataKeys.live``), and
+dropped the moment its key is forgotten here, so a deleted conversation is refused on every gateway as soon as
+its deletion is heard — and, while nothing can be heard, nothing is kept.
+"""
+from __future__ import annotations
+
+import time
+
+from infra.stores.conversations import Conversations
+from infra.stores.crypto import DataKeys
+
+KEEP_S = 300.0
+MOST = 100_000  # conversations remembered at once; the oldest entries go first past it
+
+
+class Owners:
+    def __init__(self, conversations: Conversations, keys: DataKeys, keep_s: float = KEEP_S) -> None:
+        self.conversations, self.keys, self.keep_s = conversations, keys, keep_s
+        self._owners: dict[str, tuple[float, str]] = {}
+        keys.listeners.append(self._forget)
+
+    async def owner(self, conversation_id: str) -> str | None:
+        """The live conversation's owner; None when there is none (missing or deleted)."""
+        hit = self._owners.get(conversation_id)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        heard = self.keys.heard
+        conv = await self.conversations.get(conversation_id)
+        if conv is None:
+            self._owners.pop(conversation_id, None)
+            return None
+        if self.keys.live(heard):
+            if len(self._owners) >= MOST:
+                self._owners.pop(next(iter(self._owners)))
+            self._owners[conversation_id] = (time.monotonic() + self.keep_s, conv.user_id)
+        return conv.user_id
+
+    def _forget(self, conversation_id: str | None) -> None:
+        if conversation_id is None:
+            self._owners.clear()
+        else:
+            self._owners.pop(conversation_id, None)

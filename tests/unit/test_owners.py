@@ -1,0 +1,52 @@
+"""The gateway's memory of conversation owners: kept while deletions can be heard, dropped when one is."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra.stores.crypto import DataKeys, KeyGone, LocalTenantKeys
+from producers.gateway.owners import Owners
+from tests.fake_stores import FakeConversations, conversation
+from tests.unit.test_sealing import Channel, KeyTable, _until
+
+
+class CountingConversations(FakeConversations):
+    reads = 0
+
+    async def get(self, conversation_id: str):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        return await super().get(conversation_id)
+
+
+async def _follow(keys: DataKeys) -> None:
+    try:
+        await keys.get("warm-up")  # the first use starts following the channel
+    except KeyGone:
+        pass
+    await _until(lambda: keys.subscribed)
+
+
+async def test_an_owner_is_read_once_while_heard_and_forgotten_when_its_key_is_destroyed(tmp_path: Path) -> None:
+    redis = Channel()
+    convs = CountingConversations(conversation("c1", "ann"))
+    keys = DataKeys(KeyTable(), LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
+    elsewhere = DataKeys(KeyTable(), LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
+    owners = Owners(convs, keys)  # type: ignore[arg-type]
+    await _follow(keys)
+    assert [await owners.owner("c1") for _ in range(5)] == ["ann"] * 5
+    assert convs.reads == 1
+    del convs.conversations["c1"]  # deleted, and its key destroyed by another gateway
+    await elsewhere.destroy("c1")
+    await _until(lambda: "c1" not in owners._owners)  # noqa: SLF001
+    assert await owners.owner("c1") is None
+    await keys.stop()
+    await elsewhere.stop()
+
+
+async def test_nothing_is_kept_while_deletions_cannot_be_heard(tmp_path: Path) -> None:
+    convs = CountingConversations(conversation("c1", "ann"))
+    keys = DataKeys(KeyTable(), LocalTenantKeys.under(tmp_path), cache_s=0.0)  # type: ignore[arg-type]  # no Redis
+    owners = Owners(convs, keys)  # type: ignore[arg-type]
+    for _ in range(3):
+        assert await owners.owner("c1") == "ann"
+    assert convs.reads == 3
+    assert await owners.owner("missing") is None
