@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.crypto import KeyGone
-from infra.stores.sealing import Sealer, configured
+from infra.stores.sealing import Sealer, configured, is_sealed
+from producers.gateway.responses_compat import generation_of as rc_generation
 from schemas import ALL_EVENTS, ConversationPurged, EventDecodeError, decode
 from tests.e2e.client import collect, frames, text_of
 from tests.e2e.conftest import Caller, eventually
@@ -262,6 +264,149 @@ async def test_a_conversation_made_by_the_openai_endpoint_deletes_the_same_way(h
     assert cid not in [c["conversation_id"] for c in listed]
 
 
+# -- every store, read through its own client: a planted phrase sent by every route that stores text -------------
+async def redis_dump(redis_client: Any) -> bytes:
+    """Every key's name and value in Redis, whatever its type, as one blob to search (pipelined: a few round
+    trips per thousand keys)."""
+    reads = {"string": lambda p, k: p.get(k), "hash": lambda p, k: p.hgetall(k),
+             "list": lambda p, k: p.lrange(k, 0, -1), "set": lambda p, k: p.smembers(k),
+             "zset": lambda p, k: p.zrange(k, 0, -1, withscores=True), "stream": lambda p, k: p.xrange(k)}
+    names = [name async for name in redis_client.scan_iter(count=1000)]
+    out = []
+    for i in range(0, len(names), 1000):
+        chunk = names[i:i + 1000]
+        pipe = redis_client.pipeline(transaction=False)
+        for name in chunk:
+            pipe.type(name)
+        kinds = [k.decode() for k in await pipe.execute()]
+        pipe = redis_client.pipeline(transaction=False)
+        for name, kind in zip(chunk, kinds, strict=True):
+            reads.get(kind, lambda p, k: p.exists(k))(pipe, name)
+        values = await pipe.execute()
+        out += [name + b"=" + repr(value).encode() for name, value in zip(chunk, values, strict=True)]
+    return b"\n".join(out)
+
+
+async def cassandra_rows(db: Any, keyspace: str) -> list[tuple[str, Any]]:
+    """Every row of every table of the keyspace, as (table, row)."""
+    tables = await db.execute("SELECT table_name FROM system_schema.tables WHERE keyspace_name = ?", (keyspace,))
+    return [(t.table_name, row) for t in tables for row in await db.execute(f"SELECT * FROM {keyspace}.{t.table_name}")]
+
+
+async def kafka_dump(settings: Settings) -> list[Any]:
+    """Every record (key, value, headers) of every topic of this deployment, from the beginning."""
+    probe = make_consumer(settings.kafka_bootstrap, group_id=None)
+    await probe.start()
+    try:
+        names = sorted(t for t in await probe.topics() if t.startswith(settings.topic_prefix))
+    finally:
+        await probe.stop()
+    reader = make_consumer(settings.kafka_bootstrap, *names, group_id=None)
+    await reader.start()
+    found: list[Any] = []
+    try:
+        idle = 0
+        while idle < 4:
+            batch = await reader.getmany(timeout_ms=500, max_records=5000)
+            idle = 0 if batch else idle + 1
+            found += [r for records in batch.values() for r in records]
+    finally:
+        await reader.stop()
+    assert names and found
+    return found
+
+
+def kafka_blob(records: list[Any]) -> bytes:
+    return b"\n".join((r.key or b"") + b"|" + (r.value or b"") + b"|" + repr(r.headers).encode() for r in records)
+
+
+async def opened_row(sealer: Sealer, row: Any) -> str:
+    """A row with every sealed column opened (the clear copy a store without sealing would hold)."""
+    cid = getattr(row, "conversation_id", None)
+    values = [await sealer.open_text(cid, v) if cid and is_sealed(v) else v for v in row]
+    return repr(values)
+
+
+@pytest.mark.timeout(1200)  # it reads every key, row and record of the deployment
+async def test_a_phrase_sent_by_every_route_is_sealed_in_every_store(
+        service: Service, http: httpx.AsyncClient, alice: Caller, db: Any, redis_client: Any,
+        sealer: Sealer) -> None:
+    secret, control = phrase(), phrase()
+    # 1. Every route that stores text the user wrote: a title on create, a message (and its retry id), a rename,
+    # the Responses API's instructions, input and metadata, and an OpenAI chat request.
+    r = await http.post("/v1/conversations", headers=alice.headers, json={"title": f"Trip {secret}"})
+    assert r.status_code == 201, r.text
+    titled = r.json()["conversation_id"]
+    cid = await new_conversation(http, alice)
+    text_of(await send(http, alice, cid, f"Tell me about {secret} please.", client_message_id=f"id-{secret}"))
+    r = await http.patch(f"/v1/conversations/{cid}", headers=alice.headers, json={"title": f"About {secret}"})
+    assert r.status_code == 200, r.text
+    r = await http.post("/v1/responses", headers=alice.headers, json={
+        "model": "small", "max_output_tokens": 8, "input": f"Hi {secret}", "instructions": f"Be {secret}.",
+        "metadata": {"tag": secret}})
+    assert r.status_code == 200, r.text
+    response_id, responded = r.json()["id"], r.headers["X-Conversation-Id"]
+    assert r.json()["instructions"] == f"Be {secret}." and r.json()["metadata"] == {"tag": secret}
+    r = await http.post("/v1/chat/completions", headers=alice.headers, json={
+        "model": "small", "max_tokens": 8, "messages": [{"role": "system", "content": f"You are {secret}."},
+                                                        {"role": "user", "content": f"Hello {secret}"}]})
+    assert r.status_code == 200, r.text
+    completed = r.headers["X-Conversation-Id"]
+    ours = {titled, cid, responded, completed}
+    await asyncio.sleep(3)  # persistence, the index and the title
+    # Each was stored and reads back in clear to its owner: the phrase is there, only sealed.
+    again = (await http.get(f"/v1/responses/{response_id}", headers=alice.headers)).json()
+    assert again["instructions"] == f"Be {secret}." and again["metadata"] == {"tag": secret}
+    hits = (await http.get("/v1/search", params={"q": secret}, headers=alice.headers)).json()["items"]
+    assert {h["conversation_id"] for h in hits} >= {titled, cid}, hits
+
+    # 2. Redis: every key and value, and its append-only file. The control, written in clear, is found by the
+    # same reads, so the absence of the phrase means something.
+    await redis_client.set(f"{keys.PREFIX}test:control", f"clear {control}", ex=60)
+    dump = await redis_dump(redis_client)
+    assert control.encode() in dump
+    assert secret.encode() not in dump, dump[max(0, dump.find(secret.encode()) - 300):][:600]
+    response_meta = await redis_client.get(keys.response(rc_generation(response_id) or ""))
+    assert response_meta and secret.encode() not in response_meta
+    opened = await sealer.open_values(responded, orjson.loads(response_meta)["echo"], ("instructions", "metadata"))
+    assert opened["instructions"] == f"Be {secret}."  # the clear copy holds it
+    aof = [service.settings.state_dir / "redis" / "data"]
+
+    async def control_in_aof() -> bool:  # appendfsync everysec
+        return grep(control, aof)
+    assert await eventually(control_in_aof, 10)
+    assert not grep(secret, aof), grep_files(secret, aof)
+    await redis_client.delete(f"{keys.PREFIX}test:control")
+
+    # 3. Cassandra, read through the driver: every row of every table. Opening the sealed columns of our
+    # conversations' rows gives a copy that holds the phrase (title, rename, messages, Responses, OpenAI).
+    rows = await cassandra_rows(db, service.settings.keyspace)
+    clear_rows = [repr(list(row)) for _, row in rows]
+    leaked = [(t, text) for (t, _), text in zip(rows, clear_rows, strict=True) if secret in text]
+    assert not leaked, leaked[:3]
+    mine = [(t, row) for t, row in rows if getattr(row, "conversation_id", None) in ours]
+    opened_rows = [(t, row.conversation_id, await opened_row(sealer, row)) for t, row in mine]
+    holding = {(t, c) for t, c, text in opened_rows if secret in text}
+    assert {("conversations", titled), ("conversations", cid), ("messages", cid), ("messages", responded),
+            ("messages", completed)} <= holding, sorted(holding)
+
+    # 4. Kafka: every record of every topic, keys and headers too; opening our events gives the phrase back.
+    records = await kafka_dump(service.settings)
+    blob = kafka_blob(records)
+    assert cid.encode() in blob  # the ids are in clear: the reader sees these records
+    assert secret.encode() not in blob, blob[max(0, blob.find(secret.encode()) - 300):][:600]
+    events = []
+    for r in records:
+        try:
+            event = decode(r.value, ALL_EVENTS)
+        except EventDecodeError:
+            continue
+        if getattr(event, "conversation_id", None) in ours:
+            events.append(await sealer.open(event))  # type: ignore[type-var]
+    holding = {e.conversation_id for e in events if secret in repr(e)}  # type: ignore[attr-defined]
+    assert holding >= {cid, responded, completed}, holding
+
+
 async def test_no_sent_phrase_is_in_clear_in_any_file_or_log(service: Service, http: httpx.AsyncClient,
                                                              alice: Caller, db: Any) -> None:
     secret = phrase()
@@ -286,4 +431,3 @@ async def test_no_sent_phrase_is_in_clear_in_any_file_or_log(service: Service, h
         assert not grep(piece, kafka), (piece, grep_files(piece, kafka))
     logs = list(service.log_dir.glob("*.log"))
     assert logs and all(not grep(p, logs) for p in SENT), "a sent phrase is in a log"
-
