@@ -154,6 +154,7 @@ async def build_stages(settings: Settings, names: tuple[str, ...]) -> tuple[list
     resources = Resources(settings, plans, pools, redis, db, Quota.configured(redis, plans, settings),
                           Topics(settings.topic_prefix, pools), configured(settings, db, redis))
     stages = [PIPELINE[name](resources) for name in names]
+    resources.sealer.keys.start()  # heard from the first record on, so a live key is read once
 
     async def close() -> None:
         await redis.aclose()

@@ -53,6 +53,7 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
                               flush=FlushPolicy(pool.flush_ms / 1000, pool.flush_tokens),  # type: ignore[attr-defined]
                               on_ready=lambda w: print(f"worker ready pool={pool.name} "  # type: ignore[attr-defined]
                                                        f"metrics_port={w.metrics_port}", flush=True))
+    worker.sealer.keys.start()  # heard from the first request on, so a live key is read once
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)

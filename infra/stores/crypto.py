@@ -166,8 +166,7 @@ class DataKeys:
 
     async def get(self, conversation_id: str) -> AESGCM:
         """The unwrapped key, from the cache or Cassandra; ``KeyGone`` when there is none."""
-        if self.redis is not None and self._task is None:
-            self._task = asyncio.ensure_future(self._follow())
+        self.start()
         hit = self._cache.get(conversation_id)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
@@ -229,6 +228,11 @@ class DataKeys:
         self._cache.clear()
         for listener in self.listeners:
             listener(None)
+
+    def start(self) -> None:
+        """Follow the destruction channel (once; called by the first use, or earlier by a process's start)."""
+        if self.redis is not None and self._task is None:
+            self._task = asyncio.ensure_future(self._follow())
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -85,6 +85,7 @@ class Gateway:
         self.tokens.start()
         self.conversations, self.records = Conversations(db, self.sealer), Records(db, self.sealer)
         self.conversation_owners = Owners(self.conversations, self.sealer.keys)
+        self.sealer.keys.start()  # heard from the first request on, so its owner and key can be kept
         self.finished = FinishedReplies(self.redis, sealer=self.sealer)
         self.relay = TokenRelay(self.settings.kafka_bootstrap, self.topics.tokens, self.sealer,
                                 index=self.settings.gateway_index, count=self.settings.gateway_count)
