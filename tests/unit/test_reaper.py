@@ -62,13 +62,15 @@ async def test_a_reply_that_never_finished_is_released_charging_nothing(replies:
     assert quota.markers["g1"].charged == 0 and producer.sent == []  # nothing charged, nothing to record
 
 
-async def test_a_failed_reply_in_the_log_is_settled_at_zero(replies: list[Any]) -> None:
+async def test_a_failed_reply_in_the_log_is_settled_with_what_the_engine_did(replies: list[Any]) -> None:
     quota = FakeQuota()
     quota.reserve("g1")
-    replies.append(msgspec.structs.replace(finished("g1"), status="failed"))
+    quota.reserve("g2")
+    replies.append(msgspec.structs.replace(finished("g1"), status="failed"))  # failed in the engine
+    replies.append(msgspec.structs.replace(finished("g2"), status="failed", usage=Usage()))  # before any engine
     r, _ = await reaper(quota)
     await r.sweep(now=1_000.0)
-    assert quota.settle_calls == [("g1", 0, 0, "failed")]
+    assert sorted(quota.settle_calls) == [("g1", 33, 4, "failed"), ("g2", 0, 0, "failed")]
 
 
 async def test_nothing_expired_replays_nothing_and_stale_ids_are_forgotten(replies: list[Any]) -> None:
