@@ -61,6 +61,7 @@ class FakeEngine:
     tokens_per_step: int = 1
     block_size: int = 16  # prefix-cache granularity, as in vLLM: only whole blocks are reused
     fail_after_steps: int | None = None  # raise RuntimeError after this many steps (engine failure)
+    dead_after_steps: int | None = None  # raise EngineDead after this many steps (the engine process is gone)
     model_name: str = "fake-model"
     requests: list[FakeRequest] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
@@ -98,6 +99,9 @@ class FakeEngine:
                     return
                 if self.fail_after_steps is not None and step >= self.fail_after_steps:
                     raise RuntimeError("fake engine failure")
+                if self.dead_after_steps is not None and step >= self.dead_after_steps:
+                    from consumers.generation.engine import EngineDead
+                    raise EngineDead("fake engine process gone")
                 ids = reply[start:start + self.tokens_per_step]
                 done = start + self.tokens_per_step >= len(reply)
                 reason = None if not done else ("length" if len(reply) == max_tokens else "stop")

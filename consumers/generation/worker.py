@@ -41,6 +41,7 @@ from consumers.generation.decisions import (
     is_stale,
     status_for,
 )
+from consumers.generation.engine import EngineDead
 from consumers.generation.fencing import Fence
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
@@ -122,6 +123,7 @@ class GenerationWorker:
         self.cancelled: dict[str, float] = {}  # generation_id -> when the cancel was heard
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
+        self.engine_failure: EngineDead | None = None  # set when the engine died: the worker exits non-zero
         self.producer = make_producer(settings.kafka_bootstrap)
         self._producer_renewed = 0.0
         self._producer_lock = asyncio.Lock()
@@ -165,6 +167,17 @@ class GenerationWorker:
 
     def stop(self) -> None:
         self._stopping.set()
+
+    def _engine_died(self, exc: EngineDead) -> None:
+        """The engine is gone (its process killed, out of memory): failing every request it is handed would
+        drain the queues into failed replies. The worker stops instead, leaving them uncommitted; its
+        supervisor starts it again (``engine_failure`` makes the exit non-zero) and the pool's other replicas
+        take its partitions meanwhile."""
+        if self.engine_failure is None:
+            log.error("worker %s stopping: its engine is dead (%s); unfinished replies are left for the next "
+                      "owner", self.worker_id, exc)
+        self.engine_failure = exc
+        self.stop()
 
     async def let_go(self, revoked: set[TopicPartition]) -> None:
         """Stop every generation whose request is on a revoked partition, and wait until none of them can
@@ -281,6 +294,9 @@ class GenerationWorker:
         except asyncio.CancelledError:
             done = False  # let go (rebalance, shutdown): uncommitted, so the next owner resumes it
             raise
+        except EngineDead as exc:
+            done = False  # uncommitted: resumed from its saved tokens by the restarted worker or another replica
+            self._engine_died(exc)
         except Exception:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("request at %s failed outside the engine", key)
         finally:
@@ -497,6 +513,10 @@ class GenerationWorker:
         except KeyGone:  # deleted while generating, before its cancel arrived: nothing more may be sealed
             await self.engine.abort(req.generation_id)
             status, reason, text, gone = "stopped", "conversation deleted", [], True
+        except EngineDead:  # not this reply's fault: it is left unfinished for a live engine to resume
+            with contextlib.suppress(*RETRYABLE):
+                await self._landed(req.generation_id, pending)
+            raise
         except Exception as exc:  # noqa: BLE001 - engine errors end this reply, not the worker
             log.exception("generation %s failed in the engine", req.generation_id)
             status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"

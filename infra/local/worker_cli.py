@@ -62,3 +62,6 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
     finally:
         await engine.close()
         cluster.shutdown()
+    if worker.engine_failure is not None:
+        raise SystemExit(f"worker {worker.worker_id}: the engine died ({worker.engine_failure}); exiting so its "
+                         "supervisor starts it again")

@@ -93,3 +93,36 @@ async def test_a_failed_reply_frees_its_slot_at_once_and_costs_what_the_engine_d
         worker.stop()
         await asyncio.wait_for(running, 30)
         await producer.stop()
+
+
+async def test_a_dead_engine_stops_its_worker_and_leaves_the_reply_to_the_next_owner(settings: Settings) -> None:
+    """An engine whose process died fails every request it is handed: its worker stops (to be started again
+    by its supervisor) without ending the reply it held, which the group's next worker resumes and finishes."""
+    dead = GenerationWorker(settings, Limits("large", "fake", max_model_len=64),
+                            FakeEngine(reply="one two three four five six", step_delay=0.05, dead_after_steps=2),
+                            capacity=4, plans=PLANS)  # type: ignore[arg-type]
+    stopped = asyncio.create_task(dead.run())
+    producer = make_producer(settings.kafka_bootstrap)
+    await producer.start()
+    gid = new_id()
+    try:
+        waiting = asyncio.create_task(_ended(settings, gid, timeout=120))
+        await asyncio.sleep(0.5)
+        await send(producer, Topics(settings.topic_prefix).generate("large", "paid"), GenerationRequested(
+            generation_id=gid, conversation_id=f"c-{gid}", user_id="u-dead", plan="paid", pool="large",
+            lane="paid", prompt_token_ids=list(range(10)), max_tokens=16, message_id=gid), key=f"c-{gid}")
+        await asyncio.wait_for(stopped, 60)  # it stopped by itself
+        assert isinstance(dead.engine_failure, Exception)
+        assert not waiting.done()  # and ended nothing: no failed reply
+        healthy = GenerationWorker(settings, Limits("large", "fake", max_model_len=64),
+                                   FakeEngine(reply="one two three four five six", step_delay=0.01),
+                                   capacity=4, plans=PLANS)  # type: ignore[arg-type]
+        running = asyncio.create_task(healthy.run())
+        try:
+            end = await waiting
+        finally:
+            healthy.stop()
+            await asyncio.wait_for(running, 60)
+        assert end.status == "complete" and end.text.split()[-1] == "six", end
+    finally:
+        await producer.stop()
