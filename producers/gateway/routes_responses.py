@@ -76,7 +76,8 @@ async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseReq
         if not req.store:  # deleted from the start: no stage lists it, titles it or reads it back
             await gw.conversations.mark_deleted(conv)
     system = [ChatTurn("system", req.instructions)] if req.instructions else []
-    message_id, generation_id = new_id(), new_id()
+    message_id = new_id()  # before the generation id: the user message sorts before its reply
+    generation_id = gw.new_generation_id()  # lands on a partition this gateway tails
     echo = req.echo()
     if req.store:  # before producing: any gateway can answer for it from the first event on
         await gw.redis.set(keys.response(generation_id), orjson.dumps(
