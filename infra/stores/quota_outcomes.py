@@ -115,9 +115,11 @@ def refusal(plan: Plan, reason: str, detail: str, detail2: str, want: int, now: 
     """The script's refusal, with a retry time and a message naming the limit and when it resets."""
     if reason == "daily_budget":
         left = max(0, plan.daily_tokens - int(float(detail)))
-        need = f" ({left:,} left today, this request needs up to {want:,})" if left else ""
-        return Refusal("daily_budget", f"Daily limit of {plan.daily_tokens:,} tokens reached{need} — "
-                                       "resets at 00:00 UTC", retry_after_s=_ceil(next_midnight(now) - now))
+        # Tokens remain but fewer than a full reply may need: "limit reached" beside a non-zero figure reads wrong.
+        said = (f"Not enough left today for a full reply: {left:,} of your {plan.daily_tokens:,} daily tokens "
+                f"remain and this request needs up to {want:,}" if left
+                else f"Daily limit of {plan.daily_tokens:,} tokens reached")
+        return Refusal("daily_budget", f"{said} — resets at 00:00 UTC", retry_after_s=_ceil(next_midnight(now) - now))
     if reason == "concurrency":
         # A running reply usually ends within seconds; its expiry is only the upper bound.
         until_expiry = float(detail2) - now if detail2 else concurrency_retry_s

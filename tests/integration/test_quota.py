@@ -84,7 +84,8 @@ async def test_over_budget_is_refused_with_retry_after_and_message(redis_client)
     refused = await q.reserve(user, "free", uid(), 2_000, now + 1)
     assert isinstance(refused, Refusal) and refused.reason == "daily_budget" and refused.status == 429
     assert refused.retry_after_s == next_midnight(now + 1) - int(now + 1) == 43_199
-    assert refused.message.startswith("Daily limit of 5,000 tokens reached") and "00:00 UTC" in refused.message
+    assert refused.message.startswith("Not enough left today for a full reply: 2,000 of your 5,000 daily tokens")
+    assert "00:00 UTC" in refused.message
     await q.settle(first.generation_id, 2_000, 200, now=now + 2)  # 800 of the reservation come back
     await admitted(q, user, uid(), 1_800, now + 3)  # 2,200 used + 2,800 = 5,000: fits exactly
     assert isinstance(await q.reserve(user, "free", uid(), 1, now + 4), Refusal)

@@ -114,8 +114,11 @@ def test_estimate_grows_with_length_and_reply_cap_respects_max_tokens() -> None:
 def test_refusal_messages_name_the_limit_and_the_reset() -> None:
     now = 1_735_689_600.0 + 3_600  # 2025-01-01 01:00 UTC
     daily = refusal(FREE, "daily_budget", "29000", "", 3_800, now, 5.0)
-    assert daily.message.startswith("Daily limit of 30,000 tokens reached")
-    assert "resets at 00:00 UTC" in daily.message and "1,000 left today" in daily.message
+    assert daily.message.startswith("Not enough left today for a full reply: 1,000 of your 30,000 daily tokens")
+    assert "resets at 00:00 UTC" in daily.message and "needs up to 3,800" in daily.message
+    assert "reached" not in daily.message  # tokens remain: the limit is not reached
+    spent = refusal(FREE, "daily_budget", "30000", "", 3_800, now, 5.0)
+    assert spent.message == "Daily limit of 30,000 tokens reached — resets at 00:00 UTC"
     assert daily.retry_after_s == 23 * 3_600
     rate = refusal(FREE, "rate_limit", "800", "", 3_800, now, 5.0)
     assert rate.retry_after_s == 30 and "6,000 tokens" in rate.message  # (3,800 - 800) / 100 per s
