@@ -129,23 +129,38 @@ def _follow(r: httpx.Response, state: dict[str, Any]) -> None:
 
 
 def _show(event: str, data: dict[str, Any], state: dict[str, Any]) -> None:
+    """Only the reply's text goes to stdout (so `parley chat "…" > file` holds just the reply, ending in a
+    newline); who answered, waits, errors and figures go to stderr."""
     if event == "message_start" and "generation_id" not in state:
         state["generation_id"] = data["generation_id"]
-        print(f"[{data['model']} via {data.get('pool')}] ", end="", flush=True)
+        _note(f"[{data['model']} via {data.get('pool')}] ")
     elif event == "queued":
-        print(f"(queued: position {data['position']}, ~{data['estimated_wait_s']} s) ", end="", flush=True)
+        _note(f"(queued: position {data['position']}, ~{data['estimated_wait_s']} s) ")
     elif event in ("delta", "snapshot"):
         state.setdefault("first", time.perf_counter())
         print(data["text"], end="", flush=True)
+        state["mid_line"] = not data["text"].endswith("\n") if data["text"] else state.get("mid_line", False)
     elif event == "error":
         state["failed"] = True
-        print(f"\n[error] {data.get('message')}", file=sys.stderr)
+        _end_line(state)
+        print(f"[error] {data.get('message')}", file=sys.stderr)
     elif event == "message_end":
+        _end_line(state)
         first = state.get("first") or state["sent"]
         took, out = time.perf_counter() - first, data["usage"]["out"]
         state["failed"] = state.get("failed") or data["stop_reason"] == "error"
-        print(f"\n[{data['stop_reason']}; {data['usage']['in']} in / {out} out; TTFT "
+        print(f"[{data['stop_reason']}; {data['usage']['in']} in / {out} out; TTFT "
               f"{(first - state['sent']) * 1000:.0f} ms; {out / took if took > 0 else 0:.1f} tok/s]", file=sys.stderr)
+
+
+def _note(text: str) -> None:
+    print(text, end="", file=sys.stderr, flush=True)
+
+
+def _end_line(state: dict[str, Any]) -> None:
+    """The reply's text ends with a newline on stdout, whatever the model's last token was."""
+    if state.pop("mid_line", False):
+        print(flush=True)
 
 
 def _json(r: httpx.Response, status: int) -> dict[str, Any]:
