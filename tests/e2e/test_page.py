@@ -192,7 +192,8 @@ async def test_model_output_is_markdown_that_cannot_run_script(open_page: OpenPa
                "| <a href=\"javascript:window.pwned=6\">raw</a> "
                "| <iframe src=\"/\" onload=\"window.pwned=7\"></iframe> |\n\n"
                "![pic](javascript:window.pwned=8) <details open ontoggle=window.pwned=9>x</details> "
-               "<style>*{display:none}</style> [data](data:text/html;base64,PHNjcmlwdD4=)\n")
+               "<style>*{display:none}</style> [data](data:text/html;base64,PHNjcmlwdD4=)\n\n"
+               "- [ ] to do\n- [x] done <input type=text onfocus=window.pwned=10>\n")
     page = await open_page()
     await _play_gateway(page, "g-md", [sse(("message_start", _start("g-md"), 1), ("delta", {"text": hostile}, 2),
                                            ("message_end", {"stop_reason": "end", "usage": {"in": 1, "out": 9}}, 3))])
@@ -207,7 +208,12 @@ async def test_model_output_is_markdown_that_cannot_run_script(open_page: OpenPa
     assert await md.locator("a").get_attribute("href") == "https://example.com/a"
     assert await md.locator("a").get_attribute("rel") == "noopener noreferrer nofollow"
     assert await md.locator("h1").inner_text() == "Plan" and await md.locator("strong").inner_text() == "bold"
-    assert await md.locator("li").count() == 2 and "<svg onload" in await md.locator("li").first.inner_text()
+    assert await md.locator("li:not(.task)").count() == 2
+    assert "<svg onload" in await md.locator("li").first.inner_text()
+    boxes = md.locator("li.task > input[type=checkbox]")  # a GFM task list: boxes shown, never tickable
+    assert await boxes.count() == 2 and await md.locator("li.task input:checked").count() == 1
+    assert await md.locator("li.task input:not([disabled])").count() == 0
+    assert await md.locator("input:not([type=checkbox])").count() == 0 and "<input type=text" in await md.inner_text()
     assert "innerHTML = '<img" in await md.locator("pre code").inner_text()
     assert "<script>window.pwned=2</script>" in await md.inner_text()  # shown as the characters it is
     assert await md.locator("table td").count() == 2 and "<iframe" in await md.locator("table").inner_text()

@@ -36,6 +36,9 @@ const ALLOWED_TAGS = ["a", "b", "blockquote", "br", "code", "del", "em", "h1", "
 const POLICY = {
   ALLOWED_TAGS, ALLOWED_ATTR: ["href", "title", "class", "align", "start", "type", "checked", "disabled"],
   ALLOWED_URI_REGEXP: /^(?:https?:|mailto:)/i, RETURN_DOM_FRAGMENT: true,
+  // DOMPurify tests every attribute it does not know as URI-safe against ALLOWED_URI_REGEXP, so type="checkbox"
+  // was dropped and with it every task-list box. A type is never a URL; inputs other than checkboxes go below.
+  ADD_URI_SAFE_ATTR: ["type"],
 };
 const CODE_POLICY = { ALLOWED_TAGS: ["span"], ALLOWED_ATTR: ["class"], RETURN_DOM_FRAGMENT: true };
 
@@ -44,9 +47,13 @@ export function renderMarkdown(text) {
   for (const node of [...fragment.childNodes]) { // marked's newlines between blocks: not part of the text
     if (node.nodeType === Node.TEXT_NODE && !node.textContent.trim()) node.remove();
   }
-  for (const input of fragment.querySelectorAll("input")) { // GFM task lists only
-    if (input.type !== "checkbox") input.remove();
-    else input.disabled = true;
+  for (const input of fragment.querySelectorAll("input")) { // GFM task lists only: a box, shown, never ticked here
+    if (input.type !== "checkbox" || !input.parentElement?.closest("li")) {
+      input.remove();
+      continue;
+    }
+    input.disabled = true;
+    input.closest("li").classList.add("task");
   }
   for (const link of fragment.querySelectorAll("a")) finishLink(link);
   for (const table of fragment.querySelectorAll("table")) wrap(table, "table-wrap");
