@@ -29,6 +29,10 @@ class GenerationQueued(Event, frozen=True, kw_only=True):
     estimated_wait_s: float  # to the first token, from ``at``; counted down by the client between revisions
     message_id: str = ""
     revision: int = 0  # 0: the scheduler's decision; 1, 2, ...: a newer estimate while the request still waits
+    # Why ``pool`` answers: "overflow" (``requested_pool`` was past the plan's wait limit) and "canned" (every pool
+    # was: a prepared reply) are fallbacks the client is told of at once; else admission's reason.
+    route_reason: str = "default"
+    requested_pool: str = ""  # the pool the request was for ("" in events from before this field)
 
 
 class GenerationRequested(Event, frozen=True, kw_only=True):

@@ -122,7 +122,8 @@ class Scheduler:
         queued = GenerationQueued(
             generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
             pool=decision.pool, model=self.models[decision.pool], lane=decision.lane,  # type: ignore[arg-type]
-            position=decision.position, estimated_wait_s=round(decision.wait_s, 1), message_id=p.assistant_message_id)
+            position=decision.position, estimated_wait_s=round(decision.wait_s, 1), message_id=p.assistant_message_id,
+            route_reason=decision.reason if decision.reason == "overflow" else p.route_reason, requested_pool=p.pool)
         if decision.position > 0:
             self.queued[p.generation_id] = queued
             self.queues.shown(p.generation_id, decision.wait_s)
@@ -144,7 +145,8 @@ class Scheduler:
         """The last-resort tier: start and finish at once, saying plainly that no model answered."""
         queued = GenerationQueued(generation_id=p.generation_id, conversation_id=p.conversation_id,
                                   user_id=p.user_id, pool=CANNED_POOL, model=CANNED_MODEL, lane="free", position=0,
-                                  estimated_wait_s=0.0, message_id=p.assistant_message_id)
+                                  estimated_wait_s=0.0, message_id=p.assistant_message_id,
+                                  route_reason="canned", requested_pool=p.pool)
         done = GenerationFinished(
             generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id, plan=p.plan,
             message_id=p.assistant_message_id, turn=p.turn, parent_id=p.user_message_id, status="complete",

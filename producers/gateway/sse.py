@@ -39,9 +39,12 @@ def to_sse(offset: int, event: object) -> list[bytes]:
     if isinstance(event, GenerationQueued):
         # A revision (a newer wait while the request still waits) is a `queued` event alone: the reply started
         # once.
+        # The scheduler's decision is the moment a reply is moved to another pool or to a prepared reply: the
+        # start says so (route_reason "overflow" or "canned", and the pool asked for), not only the saved reply.
         frames = [] if event.revision else [
             frame("message_start", {"message_id": event.message_id, "generation_id": event.generation_id,
-                                    "model": event.model, "pool": event.pool}, offset, RECONNECT_MS)]
+                                    "model": event.model, "pool": event.pool, "route_reason": event.route_reason,
+                                    "requested_pool": event.requested_pool or event.pool}, offset, RECONNECT_MS)]
         if event.position > 0:  # the wait left now: a replay after a reload does not start the count again
             left = event.estimated_wait_s - max(0.0, time.time() - event.at)
             frames.append(frame("queued", {"position": event.position,

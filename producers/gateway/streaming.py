@@ -201,7 +201,8 @@ def saved_frames(message: Any) -> list[bytes]:
     stop = STOP_REASONS.get(message.status, "end")
     return [
         frame("message_start", {"message_id": message.message_id, "generation_id": message.generation_id,
-                                "model": message.model, "pool": message.pool}),
+                                "model": message.model, "pool": message.pool,
+                                "route_reason": message.route_reason or "default"}),
         frame("snapshot", {"text": message.content}),
         frame("message_end", {"stop_reason": stop, "model": message.model,
                               "usage": {"in": message.tokens_in, "out": message.tokens_out}}),
