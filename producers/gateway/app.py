@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from infra.config.settings import Settings
 from producers.gateway import openai_compat
 from producers.gateway.errors import ApiError, from_framework, too_large, unavailable
+from producers.gateway.guard import Guard
 from producers.gateway.origins import TrustedHosts
 from producers.gateway.state import Gateway
 
@@ -39,6 +40,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
                   description="A chat service that streams LLM replies token by token over an event pipeline.")
     app.state.gateway = gateway
     app.add_middleware(TrustedHosts, settings=settings)  # before any route: DNS rebinding gets nothing
+    app.add_middleware(Guard, settings=settings)  # outermost: body size and refusal budget before anything
     install_error_handlers(app)
     from producers.gateway import (
         routes_chat,

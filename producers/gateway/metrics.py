@@ -32,6 +32,8 @@ TOKENS = Counter("parley_gateway_completion_tokens", "completion tokens of finis
 REPLY_ENDS = Counter("parley_gateway_replies", "replies that ended, by stop reason", ["plan", "pool", "stop_reason"])
 REFUSALS = Counter("parley_gateway_refusals", "requests refused (quota, overload, invalid), by HTTP status",
                    ["plan", "status"])
+GUARD_REFUSALS = Counter("parley_gateway_guard_refusals", "requests answered before routing: a body over the "
+                         "size limit (reason=body_size) or a caller out of refusals (refusal_budget)", ["reason"])
 RECONNECTS = Counter("parley_gateway_stream_reconnects", "streams resumed with Last-Event-ID", ["plan"])
 OPEN_STREAMS = Gauge("parley_gateway_open_streams", "SSE streams open on this gateway")
 TAIL_RECORDS = Counter("parley_gateway_tail_records", "records of chat.tokens this gateway's tails fetched: of "

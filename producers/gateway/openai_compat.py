@@ -32,6 +32,10 @@ STARTED = int(time.time())  # "created" of every model: when this gateway starte
 DONE = b"data: [DONE]\n\n"
 FINISH_REASONS = {"complete": "stop", "stopped": "stop", "length": "length",  # failed -> an error
                   "blocked": "content_filter"}  # the output check cut the reply; its text is the notice
+# Messages in one request: a prompt of the largest pool's context holds fewer (each costs its template's
+# tokens), and checking the count first refuses a history of tiny messages before it is walked, sealed and
+# encoded (30,001 four-character messages cost the gateway 138 ms to refuse at encoding, 2 ms here)
+MAX_MESSAGES = 2048
 HISTORY_CHARS_FACTOR = 4  # all messages together: up to 4x the one-message limit (Kafka's record size)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key"})
@@ -74,6 +78,7 @@ class ChatRequest:
 def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_chars: int) -> ChatRequest:
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")
+    too_many("messages", body.get("messages"))
     bad_text = first_non_unicode(body)
     if bad_text is not None:
         raise CompatError(422, "invalid_text", f"'{bad_text}' is not valid Unicode text (it contains a lone "
@@ -131,6 +136,7 @@ def resolve_model(model: Any, models: Mapping[str, str], default_pool: str) -> s
 def messages(raw: Any, max_message_chars: int, tool_request: tools.ToolRequest | None = None) -> list[ChatTurn]:
     if not isinstance(raw, list) or not raw:
         raise invalid("'messages' must be a non-empty array.", "messages")
+    too_many("messages", raw)
     turns = [_turn(m, i) for i, m in enumerate(tools.flatten(raw, _text))]
     listed = tool_request.system_text() if tool_request is not None else None
     if listed is not None:  # after the client's own instructions
@@ -149,6 +155,13 @@ def messages(raw: Any, max_message_chars: int, tool_request: tools.ToolRequest |
         raise invalid(f"The messages total {total:,} characters; the limit is {limit:,}. Send fewer or "
                       f"shorter earlier messages.", "messages", "context_length_exceeded")
     return turns
+
+
+def too_many(field: str, items: Any) -> None:
+    """400 for an array of more than ``MAX_MESSAGES`` messages, before any of them is read."""
+    if isinstance(items, list) and len(items) > MAX_MESSAGES:
+        raise invalid(f"'{field}' has {len(items):,} items; the limit is {MAX_MESSAGES:,}. Send fewer or "
+                      f"merge earlier ones.", field, "array_above_max_length")
 
 
 def _turn(message: Any, i: int) -> ChatTurn:

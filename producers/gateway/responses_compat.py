@@ -120,6 +120,7 @@ def _input(raw: Any) -> list[dict[str, Any]]:
         return [{"role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw:
         raise invalid("'input' must be a string or a non-empty array of message items.", "input")
+    compat.too_many("input", raw)
     out = []
     for i, item in enumerate(raw):
         if isinstance(item, dict) and item.get("type") in rtools.ITEM_TYPES:

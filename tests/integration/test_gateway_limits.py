@@ -3,7 +3,7 @@ was wrong, answered before Kafka or an engine sees it, never a 5xx or a reset co
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,15 +90,67 @@ async def test_costly_schemas_are_400_naming_the_field_in_milliseconds(gateway: 
 
 
 async def test_a_history_too_large_for_one_kafka_record_is_413_that_says_so(
+        settings: Settings, tmp_path: Path, headers: dict[str, str]) -> None:
+    # With the default message limit a history that passes the count and character checks fits one record;
+    # an operator may raise the limit, and then Kafka's record size is the bound: 2,048 messages (the most
+    # one request takes) of four-byte characters, 1.6 MB once encoded
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": "\U0001F600" * 195} for i in range(2047)]
+    history.append({"role": "user", "content": "hi"})
+    with serve(settings.with_(state_dir=tmp_path / "big", admission_wait_s=1.0, max_message_chars=100_000)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as http:
+            start = time.perf_counter()
+            r = await http.post("/v1/chat/completions", json={"model": "large", "messages": history})
+            took = time.perf_counter() - start
+            err = openai_error(r, 413)
+            assert err["code"] == "request_too_large" and "bytes once encoded" in err["message"]
+            assert "retry-after" not in r.headers
+            print(f"\na {len(r.request.content):,}-byte history refused 413 in {took * 1000:.0f} ms")
+            r = await http.post("/v1/chat/completions", json={"model": "large", "messages": USER, "max_tokens": 0})
+            assert openai_error(r, 400)["param"] == "max_tokens"  # and the connection still serves
+
+
+async def test_a_history_of_more_messages_than_the_limit_is_400_before_it_is_read(
         gateway: str, headers: dict[str, str]) -> None:
     history = [{"role": "user" if i % 2 == 0 else "assistant", "content": "abcd"} for i in range(30_001)]
     async with httpx.AsyncClient(base_url=gateway, timeout=60, headers=headers) as http:
-        start = time.perf_counter()
         r = await http.post("/v1/chat/completions", json={"model": "large", "messages": history})
-        took = time.perf_counter() - start
+        err = openai_error(r, 400)
+        assert (err["code"], err["param"]) == ("array_above_max_length", "messages") and "30,001" in err["message"]
+        r = await http.post("/v1/responses", json={"model": "large", "input": history})
+        assert openai_error(r, 400)["param"] == "input"
+
+
+async def test_a_body_over_the_limit_is_413_before_it_is_read(
+        gateway: str, headers: dict[str, str], settings: Settings) -> None:
+    limit = settings.max_body_bytes
+    async with httpx.AsyncClient(base_url=gateway, timeout=60, headers=headers) as http:
+        big = b'{"model": "large", "messages": [{"role": "user", "content": "' + b"a" * limit + b'"}]}'
+        r = await http.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"})
         err = openai_error(r, 413)
-        assert err["code"] == "request_too_large" and "bytes once encoded" in err["message"]
-        assert "retry-after" not in r.headers
-        print(f"\na {len(r.request.content):,}-byte history refused 413 in {took * 1000:.0f} ms")
+        assert err["code"] == "request_too_large" and f"{limit:,}" in err["message"]
+
+        async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: refused once the bytes read pass the limit
+            for i in range(0, len(big), 65536):
+                yield big[i:i + 65536]
+
+        r = await http.post("/v1/conversations", content=chunked(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
         r = await http.post("/v1/chat/completions", json={"model": "large", "messages": USER, "max_tokens": 0})
-        assert openai_error(r, 400)["param"] == "max_tokens"  # and the connection still serves
+        assert openai_error(r, 400)["param"] == "max_tokens"  # a new connection serves
+
+
+async def test_a_caller_refused_again_and_again_waits_and_another_user_does_not(
+        gateway: str, headers: dict[str, str], db: AsyncSession, settings: Settings) -> None:
+    _, other = await Accounts(db).create_user("free")
+    bad = {"model": "large", "messages": USER, "max_tokens": 0}
+    async with httpx.AsyncClient(base_url=gateway, timeout=30) as http:
+        statuses = [(await http.post("/v1/chat/completions", json=bad, headers=headers)).status_code
+                    for _ in range(settings.refusal_burst + 5)]
+        assert statuses.count(400) >= settings.refusal_burst and statuses[-1] == 429, statuses
+        r = await http.post("/v1/chat/completions", json=bad, headers=headers)
+        err = openai_error(r, 429)
+        assert err["code"] == "rate_limit_exceeded" and "refused" in err["message"] and r.headers["retry-after"]
+        r = await http.post("/v1/conversations", json={}, headers=headers)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_refused"
+        r = await http.post("/v1/conversations", json={}, headers={"Authorization": f"Bearer {other}"})
+        assert r.status_code == 201  # another user is heard at once

@@ -43,6 +43,9 @@ def test_lone_surrogates_are_found_wherever_they_are() -> None:
     assert is_unicode("café 😀") and not is_unicode("\ud800")
     assert first_non_unicode({"a": [1, {"b": "ok"}, {"c": "x\udfff"}]}) == "a[2].c"
     assert first_non_unicode({"k\ud800": 1}) == "body" and first_non_unicode({"a": "fine"}) is None
+    # an integer past 64 bits fails the fast pass; the walk still finds the surrogate, or nothing
+    assert first_non_unicode({"n": 1 << 70, "a": ["\ud800"]}) == "a[0]"
+    assert first_non_unicode({"n": 1 << 70, "a": ["fine"]}) is None
 
 
 def test_the_openai_route_refuses_a_surrogate_with_422_naming_the_param() -> None:

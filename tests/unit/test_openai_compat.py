@@ -120,6 +120,17 @@ def test_malformed_requests_get_a_400_naming_the_parameter(body: dict[str, Any],
     assert err.status == 400 and err.param == param, err.message
 
 
+def test_more_messages_than_the_limit_are_refused_before_any_is_read() -> None:
+    from producers.gateway.openai_compat import MAX_MESSAGES
+    tiny = [{"role": "user", "content": "a"}] * MAX_MESSAGES
+    at_limit = parse({"model": "large", "messages": tiny}, MODELS, "large", MAX_MESSAGES)
+    assert len(at_limit.history) == MAX_MESSAGES  # at the limit: accepted
+    # one past it, with a lone surrogate and a malformed item beyond: the count is named, nothing else read
+    over = refused(messages=[*tiny, {"role": "user", "content": "\ud800"}, 7])
+    assert (over.status, over.code, over.param) == (400, "array_above_max_length", "messages"), over.message
+    assert f"{MAX_MESSAGES + 2:,} items" in over.message
+
+
 def test_size_limits_are_context_length_errors() -> None:
     long_last = refused(messages=[{"role": "user", "content": "x" * 101}])
     assert (long_last.status, long_last.code) == (400, "context_length_exceeded")

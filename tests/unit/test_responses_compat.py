@@ -43,6 +43,13 @@ def test_unsupported_or_bad_fields_are_a_400_naming_them(body: dict[str, Any], p
     assert info.value.status == 400 and info.value.param is not None and info.value.param.startswith(param)
 
 
+def test_an_input_of_more_items_than_the_limit_is_a_400_naming_input() -> None:
+    from producers.gateway.openai_compat import MAX_MESSAGES
+    with pytest.raises(CompatError) as info:
+        parsed(input=[{"role": "user", "content": "a"}] * (MAX_MESSAGES + 1))
+    assert (info.value.status, info.value.code, info.value.param) == (400, "array_above_max_length", "input")
+
+
 def test_ids_round_trip() -> None:
     gid = new_id()
     assert generation_of(response_id(gid)) == gid and generation_of("chatcmpl-1") is None
