@@ -1,8 +1,17 @@
-"""Errors raised while turning bytes into events."""
+"""The root of Parley's own exceptions, and the errors raised while turning bytes into events."""
 from __future__ import annotations
 
 
-class EventDecodeError(ValueError):
+class ParleyError(Exception):
+    """The root every Parley exception class derives from, so a reader (or a handler) can tell the project's
+    own failures from a library's. ``status`` is the HTTP status a user sees for it, where one does (the
+    gateway's API errors); None for failures no user is shown. Subclasses keep their other bases (ValueError,
+    RuntimeError, ...), so every ``except`` that caught them still does."""
+
+    status: int | None = None
+
+
+class EventDecodeError(ParleyError, ValueError):
     """A record could not become an event; consumers dead-letter it instead of crashing."""
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 from faust.types import TP
 
 from infra.config.settings import Settings
-from streams.app import HoleRefusingConsumer, make_app
+from streams.app import make_app
+from streams.faust_patches import HoleRefusingConsumer
 
 TPART = TP("t.usage", 0)
 
