@@ -10,17 +10,16 @@ marker doubles as an outbox: it holds every UsageRecorded field and a
   again, but publishes the record if the earlier attempt died before the ack;
 - a crash between the ack and the flag re-sends the same record once; the usage
   rollup and billing dedupe by generation_id.
+
+Redis unreachable is waited out by the agent's one retry policy (``applied``, which runs ``handle`` under
+``until_stored``): ``handle`` is tried again from its first step, which is exactly a redelivery's path.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import faust
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from infra.config.settings import Settings
 from infra.stores import keys
@@ -55,20 +54,22 @@ async def publish_usage(quota: Quota, send: Send, marker: Settled) -> None:
 
 
 class Settlement:
-    def __init__(self, quota: Quota, send: Send, retry_s: float = 0.5) -> None:
-        self.quota, self.send, self.retry_s = quota, send, retry_s
+    def __init__(self, quota: Quota, send: Send) -> None:
+        self.quota, self.send = quota, send
 
     async def handle(self, finished: GenerationFinished) -> Settled | None:
-        """Settle one reply; the marker whose usage this call published, or None if there was nothing to do."""
+        """Settle one reply; the marker whose usage this call published, or None if there was nothing to do.
+        A store error propagates: the caller retries the whole call (``until_stored``), which is safe because
+        every step is idempotent (a second settle finds the marker, a published marker is not sent again)."""
         if finished.purpose != "reply":
             return None  # titles and summaries are the service's own calls, never reserved
-        if await self._retrying(self._stale, finished):
+        if await self._stale(finished):
             return None  # a fenced-off worker's late finish: the new owner's finish settles it, with all its tokens
-        # 1. Redis unreachable is recoverable: wait rather than skip a charge or crash the agent.
-        marker = await self._retrying(self._settle, finished)
+        # 1. Charge the real tokens and free the reservation, once (the Lua script's marker).
+        marker = await self._settle(finished)
         # 2. A redelivery: already settled; publish only if that attempt never reached Kafka.
         if marker is None:
-            marker = await self._retrying(self.quota.settled, finished.generation_id)
+            marker = await self.quota.settled(finished.generation_id)
             if marker is None:
                 log.warning("generation %s has no reservation and no settlement (never reserved, or settled "
                             "more than the marker's lifetime ago)", finished.generation_id)
@@ -98,16 +99,6 @@ class Settlement:
             model=finished.model, pool=finished.pool, started_at=finished.started_at, finished_at=finished.at,
             block_category=finished.block.category if finished.block else "",
             rules_version=finished.block.rules_version if finished.block else "")
-
-    async def _retrying(self, call: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
-        delay = self.retry_s
-        while True:
-            try:
-                return await call(arg)
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                log.warning("settlement waiting for Redis (%s); retry in %.1f s", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
 
 def faust_sender(usage: faust.TopicT) -> Send:

@@ -2,8 +2,11 @@
 offset not committed) and tries the same call again with capped backoff, so nothing is lost or skipped.
 
 Which errors are outages (Cassandra or Redis unreachable, a timeout) is decided here, once; anything
-else is the caller's to handle (a poison record goes to the dead-letter topic). ``HEALTH`` says, per
-stage, which dependency it is waiting for and since when: the stages process reports it.
+else is the caller's to handle (a poison record goes to the dead-letter topic). This is the one retry policy
+for store calls: every stage retries a store through ``until_stored``, never with a loop of its own, so every
+wait is seen the same way. ``HEALTH`` says, per stage, which dependency it is waiting for and since when (the
+stages process writes it to its health file); ``STORE_WAITS`` and ``STORE_WAIT_SECONDS`` count the retries and
+the time spent waiting, per stage and dependency, in the process's metrics.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any, TypeVar
 
 from cassandra import OperationTimedOut, ReadTimeout, Unavailable, WriteTimeout
 from cassandra.cluster import NoHostAvailable
+from prometheus_client import Counter
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -27,6 +31,10 @@ REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
 STORE_DOWN: tuple[type[BaseException], ...] = (*CASSANDRA_DOWN, *REDIS_DOWN, ConnectionError)
 FIRST_DELAY_S, MAX_DELAY_S = 0.2, 5.0
 REMIND_EVERY_S = 30.0
+STORE_WAITS = Counter("parley_stage_store_waits", "retries of a stage's store call while the store was down",
+                      ["stage", "dependency"])
+STORE_WAIT_SECONDS = Counter("parley_stage_store_wait_seconds", "time a stage spent waiting for a store that was down",
+                             ["stage", "dependency"])
 
 
 def dependency_of(exc: BaseException) -> str:
@@ -63,7 +71,8 @@ HEALTH = Health()
 
 async def until_stored(stage: str, call: Callable[..., Awaitable[T]], *args: Any, first_s: float = FIRST_DELAY_S,
                        max_s: float = MAX_DELAY_S, what: str = "") -> T:
-    """``await call(*args)``, retried while a store is down; the wait is logged and shown in ``HEALTH``."""
+    """``await call(*args)``, retried while a store is down; the wait is logged, shown in ``HEALTH`` and counted
+    in ``STORE_WAITS``/``STORE_WAIT_SECONDS``."""
     delay, began, reminded = first_s, 0.0, 0.0
     while True:
         try:
@@ -78,7 +87,9 @@ async def until_stored(stage: str, call: Callable[..., Awaitable[T]], *args: Any
                 reminded = now
                 log.warning("stage %s still waiting for %s after %.0f s", stage, dependency, now - began)
             HEALTH.down(stage, dependency)
+            STORE_WAITS.labels(stage=stage, dependency=dependency).inc()
             await asyncio.sleep(delay)
+            STORE_WAIT_SECONDS.labels(stage=stage, dependency=dependency).inc(delay)
             delay = min(delay * 2, max_s)
             continue
         if began:

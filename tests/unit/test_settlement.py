@@ -1,7 +1,10 @@
 """Settlement's logic with a fake quota: charge once, publish once, wait out Redis, skip what is not a reply."""
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
+
 from infra.stores import keys
+from infra.stores.retry import HEALTH, until_stored
 from schemas import GenerationFinished, Usage, UsageRecorded
 from streams.settlement import Settlement
 from tests.fake_stores import FakeQuota, settled_marker
@@ -19,7 +22,7 @@ def settlement(quota: FakeQuota) -> tuple[Settlement, list[UsageRecorded]]:
     async def send(record: UsageRecorded) -> None:
         sent.append(record)
 
-    return Settlement(quota, send, retry_s=0.001), sent  # type: ignore[arg-type]
+    return Settlement(quota, send), sent  # type: ignore[arg-type]
 
 
 async def test_a_reply_is_charged_its_real_tokens_and_published_once() -> None:
@@ -51,11 +54,24 @@ async def test_titles_and_unknown_generations_are_not_charged() -> None:
 
 
 async def test_redis_unreachable_is_waited_out_not_skipped() -> None:
+    """As the agent runs it (``streams.app.applied``): under the one retry policy, its waits in health and
+    metrics."""
     quota = FakeQuota(failures_left=2)
     quota.reserve("g1")
     s, sent = settlement(quota)
-    assert await s.handle(finished(status="stopped")) is not None
+    def waits() -> float:
+        return REGISTRY.get_sample_value("parley_stage_store_waits_total",
+                                         {"stage": "settlement", "dependency": "Redis"}) or 0.0
+
+    before, seen = waits(), []
+    HEALTH.listeners.append(seen.append)
+    try:
+        assert await until_stored("settlement", s.handle, finished(status="stopped"), first_s=0.001) is not None
+    finally:
+        HEALTH.listeners.remove(seen.append)
     assert quota.settle_calls == [("g1", 30, 7, "stopped")] and len(sent) == 1
+    assert waits() - before == 2
+    assert [sorted(w) for w in seen] == [["settlement"], []]  # waiting for Redis, then healthy again
 
 
 async def test_a_fenced_off_workers_late_finish_is_not_settled_and_the_new_owners_is() -> None:
