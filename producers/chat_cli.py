@@ -133,7 +133,7 @@ def _show(event: str, data: dict[str, Any], state: dict[str, Any]) -> None:
     newline); who answered, waits, errors and figures go to stderr."""
     if event == "message_start" and "generation_id" not in state:
         state["generation_id"] = data["generation_id"]
-        _note(f"[{data['model']} via {data.get('pool')}] ")
+        _note(f"[{data['model']} via {data.get('pool')}{_fallback(data)}] ")
     elif event == "queued":
         _note(f"(queued: position {data['position']}, ~{data['estimated_wait_s']} s) ")
     elif event in ("delta", "snapshot"):
@@ -151,6 +151,15 @@ def _show(event: str, data: dict[str, Any], state: dict[str, Any]) -> None:
         state["failed"] = state.get("failed") or data["stop_reason"] == "error"
         print(f"[{data['stop_reason']}; {data['usage']['in']} in / {out} out; TTFT "
               f"{(first - state['sent']) * 1000:.0f} ms; {out / took if took > 0 else 0:.1f} tok/s]", file=sys.stderr)
+
+
+def _fallback(start: dict[str, Any]) -> str:
+    """Said at the start when the reply is not from the model asked for."""
+    if start.get("route_reason") == "canned":
+        return ": every model was busy, a prepared reply"
+    if start.get("route_reason") == "overflow":
+        return f": {start.get('requested_pool') or 'the model asked for'} was busy"
+    return ""
 
 
 def _note(text: str) -> None:

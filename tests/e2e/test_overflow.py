@@ -11,12 +11,14 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from consumers.scheduler.canned import CANNED_POOL, CannedReplies
 from infra.config.settings import Settings
+from tests.e2e.browser import REPLY, new_page, send, shot, sign_in, until, wait_done
 from tests.e2e.client import Frame, collect, frames, text_of
 from tests.e2e.conftest import ARTIFACTS, Caller, _make_user
 from tests.e2e.service import Service, launch
@@ -50,6 +52,46 @@ async def _replies_announced(metrics_port: int, count: int, timeout_s: float = 3
     raise AssertionError(f"the worker announced {seen:.0f} finished generations in {timeout_s:.0f} s, not {count}")
 
 
+# Notes, from inside the page, the first time a reply shows who answered it: its words and whether the reply
+# was still being written then (a small model's reply can end within a poll's interval).
+WATCH_ROUTE = """() => {
+  window.routeSeen = null;
+  new MutationObserver(() => {
+    const line = document.querySelector('article.msg.assistant .route:not([hidden])');
+    if (window.routeSeen || !line || !line.textContent) return;
+    window.routeSeen = { text: line.textContent, generating: line.closest('article').classList.contains('generating') };
+  }).observe(document.getElementById('messages'), { subtree: true, childList: true, characterData: true,
+                                                    attributes: true });
+}"""
+
+
+async def _overflow_on_the_page(browser: Any, svc: Service, who: Caller) -> None:
+    """The page says in the reply, as it streams, that small answered for the busy large pool; the picker stays
+    on large for the next message, also after a reload."""
+    problems: list[str] = []
+    page = await new_page(browser, svc.url("gateway-a"), "desktop", problems)
+    try:
+        await sign_in(page, who)
+        assert await page.locator("#model").input_value() == "large"
+        await page.evaluate(WATCH_ROUTE)
+        await send(page, "Name two kinds of boat.")
+        seen = await until(page, "window.routeSeen", 60)
+        assert seen["generating"], seen  # told from the reply's start, not after it ended
+        assert seen["text"].startswith("large was busy, so small ("), seen
+        await wait_done(page)
+        await shot(page, "overflow-announced")
+        assert await page.locator("#model").input_value() == "large"  # the person's pick, kept
+        label = await page.locator(f"{REPLY} .model").last.inner_text()
+        assert label.startswith("small · ") and f"small ({label[len('small · '):]}) answered" in seen["text"]
+        await page.reload()
+        await until(page, f"document.querySelector('{REPLY} .route:not([hidden])')", 60)
+        assert "was busy, so small" in await page.locator(f"{REPLY} .route").inner_text()
+        assert await page.locator("#model").input_value() == "large"  # a reopened fallback does not move it
+        assert not problems, problems
+    finally:
+        await page.context.close()
+
+
 @pytest.fixture
 async def client(saturated: Service) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=saturated.url("gateway-a"), timeout=httpx.Timeout(120, connect=10)) as c:
@@ -74,10 +116,10 @@ async def _hold(http: httpx.AsyncClient, who: Caller, content: str, until: str,
             pass
 
 
-async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Service,
-                                                                  client: httpx.AsyncClient) -> None:
+async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Service, client: httpx.AsyncClient,
+                                                                  browser: Any) -> None:
     users = {name: await _make_user(saturated.settings, plan) for name, plan in
-             [("first", "free"), ("payer", "paid"), ("overflow", "free"), ("asker", "free")]}
+             [("first", "free"), ("payer", "paid"), ("overflow", "free"), ("asker", "free"), ("viewer", "free")]}
     users.update({f"late{i}": await _make_user(saturated.settings, "free") for i in range(LATE)})
     held: list[asyncio.Task[None]] = []
     started: asyncio.Queue[list[Frame]] = asyncio.Queue()
@@ -103,6 +145,7 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
             answered = await collect(r)
         start = answered[0]
         assert start.event == "message_start" and start.data["pool"] == "small", start
+        assert (start.data["route_reason"], start.data["requested_pool"]) == ("overflow", "large"), start
         assert answered[-1].event == "message_end" and answered[-1].data["stop_reason"] in ("end", "length")
         reply = await saved_reply(client, users["overflow"], cid, start.data["generation_id"])
         assert reply["pool"] == "small" and reply["route_reason"] == "overflow"
@@ -112,7 +155,10 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
         #    both pools past the free limit and is refused at once, with a time to come back.
         # The client sees a reply end on chat.tokens a moment before the worker's finish reaches chat.replies,
         # which is what tells the scheduler the slot is free: the replica goes away once it has said so.
-        await _replies_announced(saturated.metrics_ports["worker-small"], 1)
+        # 3b. The same through the page, in a browser.
+        await _overflow_on_the_page(browser, saturated, users["viewer"])
+
+        await _replies_announced(saturated.metrics_ports["worker-small"], 2)
         saturated.procs["worker-small"].kill(signal.SIGKILL)
         refused, stuck = None, 0
         # History shows step 3's reply final the moment it ended (read-your-writes), which can be before the
@@ -155,7 +201,7 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
                                  json={"content": "What can you do?"}) as r:
             assert r.status_code == 200, await r.aread()
             got = await collect(r)
-        assert got[0].data["pool"] == CANNED_POOL
+        assert got[0].data["pool"] == CANNED_POOL and got[0].data["route_reason"] == "canned"
         assert got[-1].event == "message_end"
         saved = await saved_reply(client, users["asker"], cid, got[0].data["generation_id"])
         assert saved["content"] == canned.reply_for("What can you do?") and saved["pool"] == CANNED_POOL

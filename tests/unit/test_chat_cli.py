@@ -57,3 +57,14 @@ def test_an_error_is_on_stderr_after_the_text_line_is_ended(capsys: pytest.Captu
 def test_no_text_means_nothing_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     out, err, _ = follow(capsys, START, ("message_end", {"stop_reason": "stopped", "usage": {"in": 5, "out": 0}}))
     assert out == "" and "[stopped; 5 in / 0 out" in err
+
+
+def test_a_fallback_is_named_at_the_start_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    moved = ("message_start", {"generation_id": "g1", "model": "SmolLM2", "pool": "small",
+                               "route_reason": "overflow", "requested_pool": "large"})
+    out, err, _ = follow(capsys, moved, ("delta", {"text": "Hi."}), END)
+    assert out == "Hi.\n" and err.startswith("[SmolLM2 via small: large was busy] ")
+    canned = ("message_start", {"generation_id": "g2", "model": "Parley prepared reply", "pool": "canned",
+                                "route_reason": "canned", "requested_pool": "large"})
+    _, err, _ = follow(capsys, canned, END)
+    assert err.startswith("[Parley prepared reply via canned: every model was busy, a prepared reply] ")

@@ -41,7 +41,7 @@ export class Chat {
     this.hooks.title(title);
     if (messageId) reveal(items, messageId, this.chosen, this.chosenUsers);
     this.adopt(items);
-    this.hooks.opened(this.groups().at(-1)?.reply?.pool || null);
+    this.hooks.opened(pickedPool(this.groups()));
     if (messageId) this.show(messageId);
   }
 
@@ -138,7 +138,7 @@ export class Chat {
       }
       const start = await startReply(pathFor(conversationId), body);
       const reply = { role: "assistant", conversation_id: conversationId, generation_id: start.generation_id,
-                      message_id: start.message_id, parent_id: parentId, model: start.model, pool: start.pool,
+                      message_id: start.message_id, parent_id: parentId, ...routeOf(start),
                       content: "", status: "generating", localUser: user };
       this.replies.set(reply.generation_id, reply);
       this.chosen.add(reply.generation_id);
@@ -188,7 +188,7 @@ export class Chat {
     const wait = countdown((text) => update({ notice: reply.content ? "" : text }));
     const settle = (changes) => { wait.stop(); update(changes); };
     const handle = follow(id, {
-      start: (d) => update({ model: d.model, pool: d.pool }),
+      start: (d) => update(routeOf(d)), // a fallback is known from here, and shown in the reply at once
       // The first estimate, and a newer one whenever the service finds the countdown off.
       queued: (d) => { if (!reply.content) wait.start(d); },
       // A worker died mid-reply; the next delta (from the worker taking over) clears this notice.
@@ -319,6 +319,26 @@ export class Chat {
     this.ui.stop.disabled = active === null || this.stopping === active;
     this.ui.stop.textContent = this.stopping === active && active !== null ? "Stopping…" : "Stop";
   }
+}
+
+// What message_start says about who answers: the pool and model, and why (a fallback, or as asked).
+function routeOf(start) {
+  return { model: start.model, pool: start.pool, route_reason: start.route_reason,
+           requested_pool: start.requested_pool };
+}
+
+const FALLBACKS = new Set(["overflow", "canned"]);
+
+// The model picker follows the reopened conversation's last reply, unless that was a fallback: the person picked
+// the model it was moved away from, not the one that stood in (that pool is not known for older overflows).
+function pickedPool(groups) {
+  for (let i = groups.length - 1; i >= 0; i -= 1) {
+    const reply = groups[i].reply;
+    if (!reply) continue;
+    if (!FALLBACKS.has(reply.route_reason)) return reply.pool || null;
+    if (reply.requested_pool) return reply.requested_pool;
+  }
+  return null;
 }
 
 // A queued reply's wait, counted down each second between the estimates the service sends.

@@ -69,6 +69,7 @@ function editBox(msg, actions, at) {
 export function replyView(msg, versions, actions, at) {
   const node = el("article", "msg assistant");
   node.dataset.generationId = msg.generation_id || "";
+  const route = el("p", "route"); // a fallback (another pool, a prepared reply), said from the reply's start
   const body = el("div", "md");
   const thinking = el("p", "thinking");
   thinking.textContent = "…";
@@ -89,7 +90,7 @@ export function replyView(msg, versions, actions, at) {
     again.setAttribute("aria-disabled", String(Boolean(actions.busy)));
     meta.append(again);
   }
-  node.append(body, thinking, notice, meta);
+  node.append(route, body, thinking, notice, meta);
   paintReply(node, msg);
   return node;
 }
@@ -108,12 +109,26 @@ export function paintReply(node, msg) {
   node.classList.toggle("reconnecting", Boolean(LINK[msg.link]));
   node.querySelector(".status").textContent = STATUS[msg.status] || "";
   node.querySelector(".model").textContent = modelLabel(msg);
+  const route = routeText(msg);
+  node.querySelector(".route").textContent = route;
+  node.querySelector(".route").hidden = !route;
 }
 
 export function modelLabel(msg) {
-  if (!msg.pool && !msg.model) return "";
-  const label = [msg.pool, msg.model].filter(Boolean).join(" · ");
-  return msg.route_reason === "overflow" ? `${label} (the requested model was busy)` : label;
+  return [msg.pool, msg.model].filter(Boolean).join(" · ");
+}
+
+// Which model answered, when it is not the one asked for.
+export function routeText(msg) {
+  if (msg.route_reason === "canned") {
+    return "Every model was busy, so this is a prepared reply, not a model's. Send it again in a while for a "
+      + "model's answer.";
+  }
+  if (msg.route_reason !== "overflow") return "";
+  const asked = msg.requested_pool && msg.requested_pool !== msg.pool ? msg.requested_pool : "The model asked for";
+  const by = [msg.pool, msg.model && `(${msg.model})`].filter(Boolean).join(" ");
+  return `${asked} was busy, so ${by || "a smaller model"} answered instead. Your next message still goes to `
+    + "the model picked above.";
 }
 
 function switcher({ index, count, go }, what, key) {
