@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from consumers.deadlines import late
 from consumers.prompt import summary as summaries
@@ -24,7 +24,7 @@ from consumers.prompt.branch import branch_turns, newest_reply
 from consumers.prompt.fit import TooLong, Turn, Window, fit, fit_history, fit_window
 from consumers.stage import Out
 from infra.stores import keys
-from infra.stores.conversations import Conversations, Message
+from infra.stores.conversations import ClientMessageClaim, Conversations, Message
 from infra.stores.finished import FinishedReplies
 from infra.stores.records import Records, Summary
 from schemas import GenerationRequested, InputBlocked, PoolPrompt, PromptBuilt, RequestAdmitted, RequestRefused
@@ -44,6 +44,15 @@ class Built:
     alternates: list[PoolPrompt]
 
 
+@dataclasses.dataclass(frozen=True)
+class Placed:
+    """A request's turn, its user message and its fitted prompt."""
+
+    turn: int
+    user_message: Message
+    built: Built
+
+
 class PromptBuilder:
     def __init__(self, conversations: Conversations, records: Records, topics: Topics,
                  tokenizer_for_pool: Callable[[str], Any], budget: int, max_model_len: Callable[[str], int],
@@ -61,75 +70,94 @@ class PromptBuilder:
                          if redis is not None else None)
 
     async def handle(self, req: RequestAdmitted | InputBlocked) -> list[Out]:
+        """The prompt for one admitted request, in numbered steps: each is a store round trip or a decision
+        taken with no I/O (``place``, ``_build``, ``after_claim``), so a reader sees which is which."""
         if isinstance(req, InputBlocked):
             await self._save_blocked(req)
             return []
+        # 1. Past its deadline: nothing is written, the reservation goes back at once.
         if await late(req.deadline, req.generation_id, self.redis):
-            # Nothing written yet; the reservation is released at once, charging nothing.
-            if self.quota is not None:
-                await self.quota.settle(req.generation_id, 0, 0, status="failed")
-            log.info("generation %s dropped before its prompt: past its deadline by %.1f s; reservation "
-                     "released, 0 tokens charged", req.generation_id, time.time() - req.deadline)
-            return []
+            return await self._drop_late(req)
         began = time.perf_counter()
-        # Independent reads together: the stage's latency is its round trips to Cassandra.
-        history, summary = await asyncio.gather(
-            self.conversations.all_messages(req.conversation_id),
-            self.records.latest_summary(req.conversation_id) if req.history is None else _none())
-        if self.finished is not None:  # a reply whose end the client saw is part of the history now
-            history = await self.finished.current(history)
+        # 2. Read the history (with any reply that ended but is not saved yet) and the latest summary.
+        history, summary = await self._read(req)
         read_at = time.perf_counter()
+        # 3. Decide where the message goes and fit the prompt to the pool's window, or refuse.
         turn, user_message = self._place(req, history)
         if user_message is None:
             return await self._refused(req, 404, "invalid", "That message is no longer in the conversation.")
         built = self._build(req, history, summary, user_message)
         if isinstance(built, TooLong):
             return await self._too_long(req, built)
-        # The user message is saved before generation begins (before PromptBuilt is produced). The durable
-        # client_message_id claim runs beside those writes: it only loses to a retry the gateway's own
-        # claim (Redis) missed, and then the rows written here are taken back.
-        claim = None if req.regenerate else asyncio.ensure_future(self.conversations.claim_client_message(
-            req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn))
-        await asyncio.gather(*self._writes(req, turn, user_message, history, len(built.window.ids)))
-        if claim is not None:
-            won = await claim
-            if won.generation_id != req.generation_id:
-                await self._take_back(req, turn, user_message)
-                log.info("generation %s: client_message_id already answered by generation %s", req.generation_id,
-                         won.generation_id)
-                return []
-            if won.turn != turn:  # a redelivery after a later message moved the next turn: keep the first one
-                await self._take_back(req, turn, user_message)
-                turn, user_message = won.turn, dataclasses.replace(user_message, turn=won.turn)
-                built = self._build(req, history, summary, user_message)
-                if isinstance(built, TooLong):
-                    return await self._too_long(req, built)
-                await asyncio.gather(*self._writes(req, turn, user_message, history, len(built.window.ids)))
-        window = built.window
-        outs = [Out(self.topics.prompts, PromptBuilt(
-            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
-            plan=req.plan, pool=req.pool, user_message_id=user_message.message_id,
-            assistant_message_id=req.generation_id, turn=turn, prompt_token_ids=window.ids,
-            max_tokens=window.max_tokens, reserved_tokens=req.reserved_tokens,
-            turns_kept=window.fitted.turns_kept, summary_used=window.fitted.summary_used,
-            route_reason=req.route_reason, temperature=req.temperature,
-            # A request for function calls is never answered by a prepared reply (plain text, no call).
-            question="" if _tool_call(req) else user_message.content[:500],
-            sampling=req.sampling, alternates=built.alternates,
-            deadline=req.deadline), req.conversation_id)]
-        dropped = window.fitted.dropped_upto_turn
-        if req.history is None and summaries.wanted(dropped, summary) and await self._summary_slot(req, dropped):
-            request = self._summary_request(req, built.turns, dropped, summary)  # type: ignore[arg-type]
-            if request is not None:
-                outs.append(request)
-        done = time.perf_counter()
+        # 4. Save the user message and the reply's placeholder, claiming the client_message_id beside them.
+        placed = await self._save_claimed(req, Placed(turn, user_message, built), history, summary)
+        if not isinstance(placed, Placed):
+            return placed  # answered by an earlier generation (nothing), or refused
+        # 5. The prompt for the scheduler, and a summary request when older turns fell out of the window.
+        outs = [Out(self.topics.prompts, prompt_built(req, placed), req.conversation_id)]
+        outs += await self._summary(req, placed.built, summary)
+        window = placed.built.window
         log.info("generation %s prompt built: turn %d, %d tokens for pool %s (window %d, reply %d), %d turns "
-                 "kept, summary %s", req.generation_id, turn, len(window.ids), req.pool,
+                 "kept, summary %s", req.generation_id, placed.turn, len(window.ids), req.pool,
                  self.max_model_len(req.pool), window.max_tokens, window.fitted.turns_kept,
                  window.fitted.summary_used)
         log.debug("generation %s prompt stage: reads %.1f ms, build+writes+claim %.1f ms", req.generation_id,
-                  (read_at - began) * 1000, (done - read_at) * 1000)
+                  (read_at - began) * 1000, (time.perf_counter() - read_at) * 1000)
         return outs
+
+    async def _drop_late(self, req: RequestAdmitted) -> list[Out]:
+        # Nothing written yet; the reservation is released at once, charging nothing.
+        if self.quota is not None:
+            await self.quota.settle(req.generation_id, 0, 0, status="failed")
+        log.info("generation %s dropped before its prompt: past its deadline by %.1f s; reservation "
+                 "released, 0 tokens charged", req.generation_id, time.time() - req.deadline)
+        return []
+
+    async def _read(self, req: RequestAdmitted) -> tuple[list[Message], Summary | None]:
+        # Independent reads together: the stage's latency is its round trips to Cassandra.
+        history, summary = await asyncio.gather(
+            self.conversations.all_messages(req.conversation_id),
+            self.records.latest_summary(req.conversation_id) if req.history is None else _none())
+        if self.finished is not None:  # a reply whose end the client saw is part of the history now
+            history = await self.finished.current(history)
+        return history, summary
+
+    async def _save_claimed(self, req: RequestAdmitted, placed: Placed, history: list[Message],
+                            summary: Summary | None) -> Placed | list[Out]:
+        """The user message is saved before generation begins (before PromptBuilt is produced). The durable
+        client_message_id claim runs beside those writes: it only loses to a retry the gateway's own claim
+        (Redis) missed, and then the rows written here are taken back."""
+        turn, user_message = placed.turn, placed.user_message
+        claim = None if req.regenerate else asyncio.ensure_future(self.conversations.claim_client_message(
+            req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn))
+        await asyncio.gather(*self._writes(req, turn, user_message, history, len(placed.built.window.ids)))
+        if claim is None:
+            return placed
+        won = await claim
+        outcome = after_claim(req.generation_id, turn, won)
+        if outcome == "ours":
+            return placed
+        await self._take_back(req, turn, user_message)
+        if outcome == "answered":
+            log.info("generation %s: client_message_id already answered by generation %s", req.generation_id,
+                     won.generation_id)
+            return []
+        # "moved": a redelivery after a later message moved the next turn: keep the first one.
+        turn, user_message = won.turn, dataclasses.replace(user_message, turn=won.turn)
+        built = self._build(req, history, summary, user_message)
+        if isinstance(built, TooLong):
+            return await self._too_long(req, built)
+        await asyncio.gather(*self._writes(req, turn, user_message, history, len(built.window.ids)))
+        return Placed(turn, user_message, built)
+
+    async def _summary(self, req: RequestAdmitted, built: Built, summary: Summary | None) -> list[Out]:
+        dropped = built.window.fitted.dropped_upto_turn
+        if req.history is not None or dropped is None or not summaries.wanted(dropped, summary):
+            return []
+        if not await self._summary_slot(req, dropped):
+            return []  # one summary in flight per conversation
+        request = self._summary_request(req, built.turns, dropped, summary)
+        return [request] if request is not None else []
 
     async def _save_blocked(self, e: InputBlocked) -> None:
         """The refused message, kept in its conversation as ``blocked`` (the notice, not the flagged text)."""
@@ -146,30 +174,7 @@ class PromptBuilder:
                  e.block.rules_version)
 
     def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message | None]:
-        """The turn to answer and its user message (None when the message to regenerate or edit is not there).
-
-        A new message follows the reply it names (``parent_id``; by default the newest reply) and takes the
-        next turn; an edited one stands beside the message it edits, on the same turn with the same parent.
-        """
-        by_id = {m.message_id: m for m in history}
-        if not req.regenerate and (saved := by_id.get(req.message_id)) is not None and saved.role == "user":
-            return saved.turn, saved  # a redelivery: the message stays where it was first placed
-        if req.regenerate:
-            parent = by_id.get(req.parent_id or "")
-            return (parent.turn, parent) if parent is not None and parent.role == "user" else (-1, None)
-        if req.edit_of is not None:
-            edited = by_id.get(req.edit_of)
-            if edited is None or edited.role != "user":
-                return -1, None
-            turn, after = edited.turn, edited.parent_id
-        else:
-            prev = by_id.get(req.parent_id or "") or newest_reply(history, req.generation_id)
-            after = prev.message_id if prev is not None and prev.role == "assistant" else None
-            turn = prev.turn + 1 if after is not None and prev is not None else max(
-                (m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
-        return turn, Message(req.conversation_id, turn, req.message_id, "user", req.content, status="complete",
-                             parent_id=after, generation_id=req.generation_id,
-                             client_message_id=req.client_message_id, created_at=datetime.now(UTC))
+        return place(req, history, datetime.now(UTC))
 
     def _build(self, req: RequestAdmitted, history: list[Message], summary: Summary | None,
                user_message: Message) -> Built | TooLong:
@@ -273,6 +278,62 @@ class PromptBuilder:
             max_tokens=summaries.SUMMARY_MAX_TOKENS, priority=BACKGROUND_PRIORITY, turn=upto, purpose="summary",
             temperature=0.0),
             req.conversation_id)
+
+
+def place(req: RequestAdmitted, history: list[Message], now: datetime) -> tuple[int, Message | None]:
+    """Pure: the turn to answer and its user message (None when the message to regenerate or edit is not there).
+
+    A new message follows the reply it names (``parent_id``; by default the newest reply) and takes the
+    next turn; an edited one stands beside the message it edits, on the same turn with the same parent.
+    """
+    by_id = {m.message_id: m for m in history}
+    if not req.regenerate and (saved := by_id.get(req.message_id)) is not None and saved.role == "user":
+        return saved.turn, saved  # a redelivery: the message stays where it was first placed
+    if req.regenerate:
+        parent = by_id.get(req.parent_id or "")
+        return (parent.turn, parent) if parent is not None and parent.role == "user" else (-1, None)
+    if req.edit_of is not None:
+        edited = by_id.get(req.edit_of)
+        if edited is None or edited.role != "user":
+            return -1, None
+        turn, after = edited.turn, edited.parent_id
+    else:
+        prev = by_id.get(req.parent_id or "") or newest_reply(history, req.generation_id)
+        after = prev.message_id if prev is not None and prev.role == "assistant" else None
+        turn = prev.turn + 1 if after is not None and prev is not None else max(
+            (m.turn for m in history if m.role == "user" and m.message_id != req.message_id), default=-1) + 1
+    return turn, Message(req.conversation_id, turn, req.message_id, "user", req.content, status="complete",
+                         parent_id=after, generation_id=req.generation_id,
+                         client_message_id=req.client_message_id, created_at=now)
+
+
+ClaimOutcome = Literal["ours", "answered", "moved"]
+
+
+def after_claim(generation_id: str, turn: int, won: ClientMessageClaim) -> ClaimOutcome:
+    """Pure: what the client_message_id claim means for this request. ``ours``: it won, carry on;
+    ``answered``: another generation owns the message (take back what was written, answer nothing);
+    ``moved``: this generation owns it at an earlier turn (a redelivery after a later message took the next
+    turn), so the message stays on the turn first claimed."""
+    if won.generation_id != generation_id:
+        return "answered"
+    return "moved" if won.turn != turn else "ours"
+
+
+def prompt_built(req: RequestAdmitted, placed: Placed) -> PromptBuilt:
+    """Pure: the event the scheduler reads, for a placed and fitted request."""
+    window = placed.built.window
+    return PromptBuilt(
+        generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
+        plan=req.plan, pool=req.pool, user_message_id=placed.user_message.message_id,
+        assistant_message_id=req.generation_id, turn=placed.turn, prompt_token_ids=window.ids,
+        max_tokens=window.max_tokens, reserved_tokens=req.reserved_tokens,
+        turns_kept=window.fitted.turns_kept, summary_used=window.fitted.summary_used,
+        route_reason=req.route_reason, temperature=req.temperature,
+        # A request for function calls is never answered by a prepared reply (plain text, no call).
+        question="" if _tool_call(req) else placed.user_message.content[:500],
+        sampling=req.sampling, alternates=placed.built.alternates,
+        deadline=req.deadline)
 
 
 async def _none() -> None:

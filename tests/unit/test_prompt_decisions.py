@@ -1,0 +1,76 @@
+"""The prompt build's decisions, taken with no I/O: where a message goes, what the client_message_id claim
+means, and the event the scheduler reads."""
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from consumers.prompt.builder import Built, Placed, after_claim, place, prompt_built
+from consumers.prompt.fit import Fitted, Window
+from infra.stores.conversations import ClientMessageClaim, Message
+from schemas import RequestAdmitted
+from schemas.sampling import Sampling
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def req(**fields: Any) -> RequestAdmitted:
+    base: dict[str, Any] = dict(generation_id="g2", conversation_id="c", user_id="u", plan="free", message_id="m2",
+                                client_message_id="k2", content="and then?", pool="large", reply_cap=64,
+                                reserved_tokens=900)
+    return RequestAdmitted(**(base | fields))
+
+
+def msg(turn: int, message_id: str, role: str, parent_id: str | None = None) -> Message:
+    return Message("c", turn, message_id, role, "text", status="complete", parent_id=parent_id,  # type: ignore[arg-type]
+                   created_at=NOW)
+
+
+HISTORY = [msg(0, "m0", "user"), msg(0, "a0", "assistant", "m0"), msg(1, "m1", "user", "a0"),
+           msg(1, "a1", "assistant", "m1")]
+
+
+def test_a_new_message_follows_the_newest_reply_on_the_next_turn() -> None:
+    turn, message = place(req(), HISTORY, NOW)
+    assert turn == 2 and message is not None
+    assert (message.parent_id, message.turn, message.role, message.created_at) == ("a1", 2, "user", NOW)
+
+
+def test_a_message_naming_an_older_reply_branches_from_it() -> None:
+    turn, message = place(req(parent_id="a0"), HISTORY, NOW)
+    assert turn == 1 and message is not None and message.parent_id == "a0"
+
+
+def test_an_edit_stands_beside_the_message_it_edits() -> None:
+    turn, message = place(req(edit_of="m1"), HISTORY, NOW)
+    assert turn == 1 and message is not None and message.parent_id == "a0"
+    assert place(req(edit_of="a1"), HISTORY, NOW) == (-1, None)  # only a user message can be edited
+    assert place(req(edit_of="gone"), HISTORY, NOW) == (-1, None)
+
+
+def test_a_redelivered_message_stays_where_it_was_placed() -> None:
+    saved = msg(1, "m2", "user", "a0")
+    assert place(req(), [*HISTORY, saved], NOW) == (1, saved)
+
+
+def test_a_regeneration_answers_its_parent_user_message_or_nothing() -> None:
+    assert place(req(regenerate=True, parent_id="m1"), HISTORY, NOW) == (1, HISTORY[2])
+    assert place(req(regenerate=True, parent_id="a1"), HISTORY, NOW) == (-1, None)
+
+
+def test_the_claim_decides_between_carrying_on_answering_nothing_and_keeping_the_first_turn() -> None:
+    assert after_claim("g2", 2, ClientMessageClaim("g2", "m2", 2, True)) == "ours"
+    assert after_claim("g2", 2, ClientMessageClaim("g1", "m1", 2, False)) == "answered"
+    assert after_claim("g2", 3, ClientMessageClaim("g2", "m2", 2, False)) == "moved"
+
+
+def test_the_prompt_event_carries_the_window_and_never_a_tool_request_s_text() -> None:
+    window = Window(ids=[1, 2, 3], max_tokens=64, fitted=Fitted([], turns_kept=2, dropped_upto_turn=None,
+                                                                summary_used=False))
+    _, message = place(req(), HISTORY, NOW)
+    assert message is not None
+    event = prompt_built(req(), Placed(2, message, Built(window, [], [])))
+    assert (event.turn, event.prompt_token_ids, event.max_tokens, event.turns_kept) == (2, [1, 2, 3], 64, 2)
+    assert (event.user_message_id, event.assistant_message_id, event.question) == ("m2", "g2", "and then?")
+    tools = prompt_built(req(sampling=Sampling(tool_call="json")), Placed(2, message, Built(window, [], [])))
+    assert tools.question == ""  # a prepared reply (plain text) never answers a request for function calls
