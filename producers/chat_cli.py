@@ -16,11 +16,12 @@ import httpx
 import orjson
 
 from infra.config.settings import Settings, env_var
+from schemas.errors import ParleyError
 
 UNREACHABLE, INTERRUPTED = 3, 130
 
 
-class ChatError(Exception):
+class ChatError(ParleyError):
     """Ends the client with one line and an exit code."""
 
     def __init__(self, message: str, code: int = 1) -> None:

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 import msgspec
 
 from consumers.generation.sampling import GREEDY, Sampling, logprobs_of, vllm_kwargs
+from schemas.errors import ParleyError
 from schemas.sampling import TokenLogprob
 
 if TYPE_CHECKING:
     from infra.config.pools import PoolConfig
 
 
-class EngineError(RuntimeError):
+class EngineError(ParleyError, RuntimeError):
     """Base for engine failures the worker must tell apart."""
 
 

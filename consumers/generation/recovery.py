@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from consumers.generation.fencing import is_current
 from schemas import EventDecodeError, GenerationFinished, GenerationStarted, TokensAppended, decode
+from schemas.errors import ParleyError
 from topics.replay import open_reader, read_to_end
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def collect(events: list[object], generation_id: str) -> Saved:
     return saved
 
 
-class IncompleteRead(RuntimeError):
+class IncompleteRead(ParleyError, RuntimeError):
     """The token buffer's partition could not be read to its end (fetches kept coming back empty)."""
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from infra.config.settings import POOL_PREFIX, Settings, env_var
+from schemas.errors import ParleyError
 
 DEFAULT_FILE = Path(__file__).with_name("pools.toml")
 # env suffix -> field; the names people type, not always the field's own
@@ -38,7 +39,7 @@ ENV_FIELDS = {
 }
 
 
-class PoolConfigError(ValueError):
+class PoolConfigError(ParleyError, ValueError):
     """The pools file or a pool override variable is wrong; the message names which and why."""
 
 

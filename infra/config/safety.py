@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from schemas.errors import ParleyError
+
 log = logging.getLogger(__name__)
 DEFAULT_FILE = Path(__file__).with_name("safety.toml")
 Check = Literal["input", "output"]
 CHECKS: tuple[Check, ...] = ("input", "output")
 
 
-class SafetyRulesError(ValueError):
+class SafetyRulesError(ParleyError, ValueError):
     """The rules file is missing, not TOML, or has a field of the wrong shape."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from schemas.errors import ParleyError
 
-class StackError(RuntimeError):
+
+class StackError(ParleyError, RuntimeError):
     """Something in the local stack could not be set up; ``str()`` is the whole actionable message."""
 
     def __init__(self, message: str, *, hint: str = "", log_tail: str = "") -> None:

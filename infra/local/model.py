@@ -32,6 +32,7 @@ from rich.progress import (
 )
 
 from infra.config.pools import MODEL_NAME, PoolConfig, default_model_dir, load_pool
+from schemas.errors import ParleyError
 
 if TYPE_CHECKING:
     from infra.config.settings import Settings
@@ -42,7 +43,7 @@ PROVENANCE_FILE = "parley-model.json"
 T = TypeVar("T")
 
 
-class ModelPreparationError(RuntimeError):
+class ModelPreparationError(ParleyError, RuntimeError):
     """The model folder cannot be built; the message says what to run or fix."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from infra.stores import keys
 from infra.stores.session import AsyncSession
 from schemas import new_id
+from schemas.errors import ParleyError
 
 TOKEN_PREFIX = "pk_"
 DEFAULT_TTL_DAYS = 90
@@ -65,8 +66,10 @@ class TokenInfo:
         return "expired" if self.expires_at is not None and self.expires_at <= now else "active"
 
 
-class TooManyTokens(Exception):
+class TooManyTokens(ParleyError):
     """The user already holds ``MAX_LIVE_TOKENS`` live tokens."""
+
+    status = 409  # as the gateway answers it
 
 
 def hash_token(token: str) -> str:

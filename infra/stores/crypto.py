@@ -32,11 +32,12 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from infra.stores.session import AsyncSession
+from schemas.errors import ParleyError
 
 NONCE_BYTES = 12
 
 
-class KeyGone(LookupError):
+class KeyGone(ParleyError, LookupError):
     """The conversation's data key was destroyed (deleted) or never made: its text cannot be read."""
 
     def __init__(self, conversation_id: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from infra.stores.sealing import Sealer
 from infra.stores.session import AsyncSession
+from schemas.errors import ParleyError
 
 MAX_SHARES_PER_USER = 500
 
@@ -34,8 +35,8 @@ class Snapshot:
     content: dict[str, Any]  # {"title", "messages": [...]}, as sealed
 
 
-class TooManyShares(Exception):
-    pass
+class TooManyShares(ParleyError):
+    status = 429  # as the gateway answers it
 
 
 def new_share_id() -> str:

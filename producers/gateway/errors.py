@@ -5,8 +5,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from schemas.errors import ParleyError
 
-class ApiError(Exception):
+
+class ApiError(ParleyError):
+    """An error answered to the client with ``status`` (the HTTP status, per instance) and a body."""
+
+    status: int
+
     def __init__(self, status: int, code: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.retry_after = status, code, message, retry_after

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from schemas import new_id
+from schemas.errors import ParleyError
 from topics.partitioning import partition_for
 
 MAX_DRAWS = 10_000  # 1 - (1 - 1/partitions) ** 10_000 is 1 for any topic this side of 10,000 partitions
 
 
-class NoPartitions(ValueError):
+class NoPartitions(ParleyError, ValueError):
     """More gateways than partitions: this one would own none."""
 
 

@@ -15,6 +15,8 @@ from re import _constants as sre  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
+from schemas.errors import ParleyError
+
 MAX_PATTERN_CHARS = 1_000
 MAX_REPEAT = 256  # the largest {m,n} count: (a|aa){1,256} compiles in 0.04 s
 MAX_UNROLLED = 1_000  # atoms after unrolling every repetition, per pattern
@@ -23,8 +25,10 @@ _REPEATS = (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", sr
 _ATOMS = (sre.LITERAL, sre.NOT_LITERAL, sre.ANY, sre.IN, sre.CATEGORY, sre.GROUPREF)
 
 
-class TooCostly(ValueError):
+class TooCostly(ParleyError, ValueError):
     """The pattern is unreadable or would be too costly to compile; the message says which and why."""
+
+    status = 400  # as the gateway answers it (a schema too costly)
 
 
 def check(pattern: str) -> int:

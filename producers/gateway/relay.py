@@ -32,6 +32,7 @@ from infra.stores.sealing import Sealer
 from producers.gateway import ownership
 from producers.gateway.tails import Borrowing, PartitionTail
 from schemas import EventDecodeError, GenerationFinished, RequestRefused, decode, new_id
+from schemas.errors import ParleyError
 from topics.partitioning import partition_for
 from topics.replay import open_reader, read_to_end
 
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 REPLAY_FETCH_BYTES = 64 * 1024
 
 
-class Aged(Exception):
+class Aged(ParleyError):
     """The generation's events are older than the token buffer keeps."""
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from producers.gateway import regex_bounds
+from schemas.errors import ParleyError
 
 MAX_DEPTH = 64  # objects and arrays inside one another (about 32 nested object properties)
 MAX_NODES = 2_000  # JSON values in the schema document
@@ -26,8 +27,10 @@ DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})  # values, n
 NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 
 
-class SchemaTooCostly(ValueError):
+class SchemaTooCostly(ParleyError, ValueError):
     """``where`` is the JSON path inside the schema (``properties.name.pattern``); the message says why."""
+
+    status = 400  # as the gateway answers it
 
     def __init__(self, where: str, why: str) -> None:
         where = where if len(where) <= 120 else where[:117] + "..."  # a deep path: where its branch starts
