@@ -3,6 +3,7 @@ admission's refusal, the model-pool classifier's parsing, and how delivery frame
 from __future__ import annotations
 
 import os
+import random
 import time
 from pathlib import Path
 
@@ -244,13 +245,21 @@ def test_blocked_verdicts_round_trip_through_events() -> None:
 def test_the_direct_profanity_scores_are_the_packages_own() -> None:
     import numpy as np
     from profanity_check import predict_prob
+    from profanity_check import profanity_check as package
 
     from consumers.safety.profanity import load_scorer
 
     texts = ["a calm day at the beach", "what the hell is this shit", "go to hell", "I adore kittens", ""]
+    # and 500 texts drawn from the model's own vocabulary, with repeats, capitals, punctuation and unknown words
+    rng = random.Random(7)
+    vocabulary = sorted(package.vectorizer.vocabulary_)
+    extra = ["The", "HELL!!", "Été", "—", "don't", "x1", "naïve", "\n"]
+    texts += [" ".join(rng.choice(vocabulary + extra) for _ in range(rng.randint(0, 60))) for _ in range(500)]
     scorer = load_scorer()
     assert scorer is not predict_prob  # the fast path was taken
-    assert np.allclose(scorer(texts), predict_prob(texts), atol=1e-9)
+    expected = predict_prob(texts)
+    assert np.allclose(scorer(texts), expected, atol=1e-9)
+    assert expected.max() > 0.9 and expected.min() < 0.1  # the probes reach both ends
 
 
 def test_the_output_check_follows_the_plans_policy_and_skips_the_services_own_calls(rules_path: Path) -> None:
