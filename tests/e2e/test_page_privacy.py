@@ -39,7 +39,7 @@ async def test_rename_and_delete_from_the_sidebar(open_page: OpenPage, http: htt
     await page.locator(LINK.format(keep)).wait_for()
 
     item = page.locator("#conversation-list li", has=page.locator(ITEM.format(keep)))
-    await item.hover()
+    await item.locator("button.conversation-more").click()  # each conversation's ⋯ menu
     await item.locator("button.rename").click()
     await until(page, f"document.querySelector(\"{LINK.format(keep)}\").textContent === 'Holiday plans'")
     titles = {c["conversation_id"]: c["title"]
@@ -48,9 +48,10 @@ async def test_rename_and_delete_from_the_sidebar(open_page: OpenPage, http: htt
     await shot(page, "privacy-01-renamed")
 
     item = page.locator("#conversation-list li", has=page.locator(ITEM.format(doomed)))
-    await item.hover()
+    await item.locator("button.conversation-more").click()
     await item.locator("button.delete").click()  # dismissed: nothing happens
     assert await page.locator(LINK.format(doomed)).count() == 1
+    await item.locator("button.conversation-more").click()
     await item.locator("button.delete").click()  # confirmed
     await until(page, f"!document.querySelector(\"{LINK.format(doomed)}\")")
     assert "erased for good" in seen[1] and "To be deleted" in seen[2]

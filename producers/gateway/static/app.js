@@ -102,7 +102,10 @@ function wireApp() {
   new SearchBox({ input: $("search"), results: $("search-results"), list: $("conversation-list"),
                   sentinel: $("list-sentinel") }, () => drawer.close());
   sidebar = new Sidebar({ list: $("conversation-list"), sentinel: $("list-sentinel"), scroller: $("conversations") },
-    (title) => setTitle(title), (err) => showBanner(describe(err)));
+    (title) => setTitle(title), (err) => showBanner(describe(err)), {
+      share: (id) => { drawer.close(); menu.openDialog(target(id)); },
+      exportAs: (id, format) => menu.exportAs(format, target(id)),
+    });
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     send();
@@ -225,6 +228,12 @@ function shownConversation() {
   if (!chat.conversationId) return null;
   const last = chat.groups().at(-1);
   return { conversationId: chat.conversationId, lastId: last?.reply?.message_id || last?.user?.message_id || null };
+}
+
+// A conversation of the sidebar: the branch on screen when it is the open one, else its newest.
+function target(conversationId) {
+  const open = shownConversation();
+  return open?.conversationId === conversationId ? open : { conversationId, lastId: null };
 }
 
 function describe(err) {

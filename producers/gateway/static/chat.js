@@ -257,10 +257,10 @@ export class Chat {
         }, n));
       }
       if (!reply) return;
-      const last = n === groups.length - 1;
+      // Any reply can be written again: an earlier one starts a branch there (the later turns stay on the old one).
       const view = replyView(reply, { index: group.replyIndex, count: group.replies.length,
         go: (step) => this.pickReply(group, group.replyIndex + step) },
-      { regenerate: last ? () => this.regenerate(group) : null, busy: busy || reply.status === "generating" }, n);
+      { regenerate: () => this.regenerate(group), busy: busy || reply.status === "generating" }, n);
       this.views.set(reply.generation_id, view);
       nodes.push(view);
     });

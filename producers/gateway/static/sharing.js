@@ -1,5 +1,6 @@
 // The open conversation's ⋯ menu: Share (a read-only link to a snapshot of the branch on screen, with
 // Copy and Revoke) and Export (the branch on screen as Markdown or JSON, downloaded by the browser).
+// The sidebar's ⋯ menus use the same dialog and downloads for a conversation that is not open (its newest branch).
 
 import { api } from "./api.js";
 
@@ -10,6 +11,7 @@ export class ConversationMenu {
   constructor(current) {
     this.current = current;
     this.share = null; // the share link the dialog shows
+    this.target = null; // {conversationId, lastId} the dialog is about
     const button = $("chat-menu-button");
     button.addEventListener("click", () => this.toggle(!this.isOpen()));
     document.addEventListener("click", (e) => {
@@ -41,9 +43,10 @@ export class ConversationMenu {
     if ($("chat-actions").hidden) this.toggle(false);
   }
 
-  exportAs(format) {
+  // target: {conversationId, lastId (null: the newest branch)}; by default the conversation on screen
+  exportAs(format, target = this.current()) {
     this.toggle(false);
-    const open = this.current();
+    const open = target;
     if (!open) return;
     const params = new URLSearchParams({ format });
     if (open.lastId) params.set("message_id", open.lastId);
@@ -55,9 +58,10 @@ export class ConversationMenu {
     link.remove();
   }
 
-  async openDialog() {
-    const open = this.current();
+  async openDialog(target = this.current()) {
+    const open = target;
     if (!open) return;
+    this.target = open;
     this.show(null, "");
     $("share-dialog").showModal();
     try {
@@ -69,7 +73,7 @@ export class ConversationMenu {
   }
 
   async create() {
-    const open = this.current();
+    const open = this.target;
     if (!open) return;
     try {
       const body = open.lastId ? { message_id: open.lastId } : {};

@@ -1,6 +1,7 @@
 // The list of conversations: newest first, more loaded as it scrolls, titles filled in when the
-// service has written them (it titles a conversation after its first reply); each one can be
-// renamed or deleted (after a confirmation: a deleted conversation is gone for good).
+// service has written them (it titles a conversation after its first reply). Each one has a ⋯ menu, always
+// shown (a touch screen has no hover): rename, share, export, and delete (after a confirmation: a deleted
+// conversation is gone for good).
 
 import { api } from "./api.js";
 import { el } from "./view.js";
@@ -11,11 +12,17 @@ const TITLE_WAIT_MS = 120_000; // stop asking after this long: some conversation
 
 export class Sidebar {
   // ui: {list, sentinel, scroller}; onTitle(title) when the open conversation gets its title;
-  // onError(err) when a rename or delete fails
-  constructor(ui, onTitle, onError = () => {}) {
+  // onError(err) when a rename or delete fails; hooks: {share(id), exportAs(id, format)} for the ⋯ menu
+  constructor(ui, onTitle, onError = () => {}, hooks = {}) {
     this.ui = ui;
     this.onTitle = onTitle;
     this.onError = onError;
+    this.hooks = hooks;
+    this.menuFor = null; // the conversation whose ⋯ menu is open
+    document.addEventListener("click", (e) => {
+      // A click that redrew the list (⋯ itself) has a target no longer in the page: not a click outside.
+      if (this.menuFor && e.target.isConnected && !e.target.closest(".conversation-item.menu-open")) this.openMenu(null);
+    });
     this.items = [];
     this.cursor = null;
     this.done = false;
@@ -104,14 +111,62 @@ export class Sidebar {
     return this.items.find((c) => c.conversation_id === conversationId)?.title || null;
   }
 
-  action(kind, label, c) {
-    const button = el("button", `conversation-action ${kind}`);
+  moreButton(c) {
+    const open = this.menuFor === c.conversation_id;
+    const button = el("button", "conversation-more");
     button.type = "button";
-    button.textContent = kind === "delete" ? "✕" : "✎";
-    button.title = `${label} conversation`;
-    button.setAttribute("aria-label", `${label} ${c.title || "new conversation"}`);
-    button.addEventListener("click", () => (kind === "delete" ? this.remove(c) : this.rename(c)).catch(this.onError));
+    button.textContent = "⋯";
+    button.setAttribute("aria-label", `Actions for ${c.title || "new conversation"}`);
+    button.setAttribute("aria-haspopup", "menu");
+    button.setAttribute("aria-expanded", String(open));
+    button.addEventListener("click", () => this.openMenu(open ? null : c.conversation_id));
     return button;
+  }
+
+  menu(c) {
+    const box = el("div", "conversation-menu");
+    box.setAttribute("role", "menu");
+    box.setAttribute("aria-label", `Actions for ${c.title || "new conversation"}`);
+    const id = c.conversation_id;
+    const item = (label, kind, run) => {
+      const b = el("button", kind);
+      b.type = "button";
+      b.setAttribute("role", "menuitem");
+      b.textContent = label;
+      b.addEventListener("click", () => {
+        this.openMenu(null);
+        Promise.resolve().then(run).catch(this.onError);
+      });
+      return b;
+    };
+    box.append(item("Rename", "rename", () => this.rename(c)),
+      item("Share…", "share", () => this.hooks.share?.(id)),
+      item("Export as Markdown", "export-md", () => this.hooks.exportAs?.(id, "markdown")),
+      item("Export as JSON", "export-json", () => this.hooks.exportAs?.(id, "json")),
+      item("Delete", "delete", () => this.remove(c)));
+    box.addEventListener("keydown", (e) => {
+      const items = [...box.querySelectorAll("button")];
+      const at = items.indexOf(document.activeElement);
+      if (e.key === "Escape") {
+        e.preventDefault(); // the drawer stays open: only the menu closes
+        e.stopPropagation();
+        this.openMenu(null, true);
+      } else if (e.key === "ArrowDown" || e.key === "ArrowUp") {
+        e.preventDefault();
+        items[(at + (e.key === "ArrowDown" ? 1 : items.length - 1)) % items.length].focus();
+      }
+    });
+    return box;
+  }
+
+  // Open the ⋯ menu of one conversation (null: close it); focus goes to its first item, or back to ⋯.
+  openMenu(conversationId, refocus = false) {
+    const was = this.menuFor;
+    this.menuFor = conversationId;
+    this.render();
+    const item = (id) => [...this.ui.list.children].find((li) => li.dataset.conversationId === id);
+    if (conversationId) item(conversationId)?.querySelector(".conversation-menu button")?.focus();
+    else if (refocus && was) item(was)?.querySelector(".conversation-more")?.focus();
   }
 
   async rename(c) {
@@ -141,7 +196,12 @@ export class Sidebar {
       link.dataset.conversationId = c.conversation_id;
       if (c.conversation_id === this.activeId) link.setAttribute("aria-current", "page");
       const li = el("li", "conversation-item");
-      li.append(link, this.action("rename", "Rename", c), this.action("delete", "Delete", c));
+      li.dataset.conversationId = c.conversation_id;
+      li.append(link, this.moreButton(c));
+      if (this.menuFor === c.conversation_id) {
+        li.classList.add("menu-open");
+        li.append(this.menu(c));
+      }
       return li;
     }));
     this.ui.sentinel.hidden = this.done;

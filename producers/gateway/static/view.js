@@ -28,6 +28,7 @@ export function userView(msg, versions, actions, at) {
   }
   const bubble = el("div", "bubble");
   bubble.textContent = msg.content; // what the person typed, shown as typed (a blocked one: the notice)
+  node.append(speaker("You said:"));
   node.classList.toggle("blocked", msg.status === "blocked");
   const meta = el("footer", "user-meta");
   if (versions.count > 1) meta.append(switcher(versions, "message", `u${at}`));
@@ -90,7 +91,7 @@ export function replyView(msg, versions, actions, at) {
     again.setAttribute("aria-disabled", String(Boolean(actions.busy)));
     meta.append(again);
   }
-  node.append(route, body, thinking, notice, meta);
+  node.append(speaker("Parley replied:"), route, body, thinking, notice, meta);
   paintReply(node, msg);
   return node;
 }
@@ -143,6 +144,13 @@ function switcher({ index, count, go }, what, key) {
   label.textContent = `${index + 1}/${count}`;
   box.append(prev, label, next);
   return box;
+}
+
+// Who is speaking, for screen readers (the bubbles' sides and colours say it to the eye).
+function speaker(text) {
+  const label = el("span", "sr-only");
+  label.textContent = text;
+  return label;
 }
 
 function focusable(node, key) {
