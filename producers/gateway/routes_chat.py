@@ -279,6 +279,6 @@ def _sse(gw: Gateway, generation_id: str, conversation_id: str, *, after: int | 
                   first=first, keepalive_s=gw.keepalive_s, beat_every_s=gw.settings.reader_timeout_s / 3,
                   heartbeat=lambda: gw.reader_beat(generation_id),
                   saved=saved, retracted=lambda: _retracted(gw, generation_id), on_event=on_event,
-                  worker_alive=gw.worker_alive)
+                  worker_alive=gw.worker_alive, kafka_quiet_s=gw.kafka_quiet_s)
     headers = dict(SSE_HEADERS, **{"X-Generation-Id": generation_id})
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)

@@ -143,6 +143,10 @@ class Gateway:
 
     async def worker_alive(self, worker_id: str) -> bool:
         return bool(await self.redis.exists(keys.worker_alive(worker_id)))
+
+    def kafka_quiet_s(self) -> float | None:
+        """Seconds since Kafka last answered this gateway's own tail (None: not known yet)."""
+        return self.relay.tail.quiet_s()
     def keeps_nothing(self, user: User) -> bool:
         plan = self.plans.get(user.plan)
         return plan is not None and plan.no_retention

@@ -22,6 +22,7 @@ from schemas import GenerationStarted, TokensAppended
 
 STALL_S = 3.0  # no event this long while generating, and the worker's beat is gone: say so
 LOST_AFTER_S = 2.0  # the beat missing this long (two of the worker's beats) in a stall: the worker is gone
+KAFKA_QUIET_S = 3.0  # no fetch answered this long (six of the tail's long-polls): Kafka is unreachable from here
 REDIS_GRACE_S = 5.0  # after Redis was unreachable, a missing beat is the outage's until the worker beats again
 CHECK_EVERY_S = 1.0
 
@@ -32,15 +33,17 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                  saved: Callable[[], Awaitable[list[bytes]]],
                  retracted: Callable[[], Awaitable[bool]] | None = None,
                  on_event: Callable[[Any], None] | None = None,
-                 worker_alive: Callable[[str], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
+                 worker_alive: Callable[[str], Awaitable[bool]] | None = None,
+                 kafka_quiet_s: Callable[[], float | None] | None = None) -> AsyncIterator[bytes]:
     """``queue``/``first``: a live subscription made before the request was produced (no replay needed).
     ``retracted``: whether the output check retracted the reply; its text is then never replayed.
     ``on_event`` sees each event of ``first`` and the live ones just before they are sent (metrics).
     ``worker_alive``: whether the generating worker still beats (raises RedisError when Redis is down); a
-    stalled stream gets one ``recovering`` event per cause (see :class:`Recovery`)."""
+    stalled stream gets one ``recovering`` event per cause (see :class:`Recovery`). ``kafka_quiet_s``: the
+    seconds since Kafka last answered this gateway's tail."""
     live = queue if queue is not None else relay.subscribe(generation_id)
     seen = on_event or (lambda _event: None)
-    watch = Recovery(worker_alive)
+    watch = Recovery(worker_alive, kafka_quiet_s)
     OPEN_STREAMS.inc()
     beat = asyncio.create_task(keep_beating(heartbeat, beat_every_s))
     last = after if after is not None else -1
@@ -101,13 +104,16 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
 
 class Recovery:
     """Per stream: drops what a fenced-off worker appended (older owner epoch) and chunks already sent, and
-    tells the client why a reply stalls: started, then no event for ``STALL_S``, and either the worker's beat
-    gone for ``LOST_AFTER_S`` (``worker_lost``) or Redis unreachable from here (``store_unavailable``). A beat
+    tells the client why a reply stalls: started, then no event for ``STALL_S``, and either Kafka silent
+    for ``KAFKA_QUIET_S`` or Redis unreachable from here (``store_unavailable``, naming the store), or the
+    worker's beat gone for ``LOST_AFTER_S`` (``worker_lost``). While Kafka is down the worker still beats
+    (its beat is in Redis) but nothing it writes can arrive, so Kafka is asked first. A beat
     missing just after Redis was unreachable is the outage's, not a death: the key expired while Redis was
     down, and the worker beats again within a second of Redis coming back."""
 
-    def __init__(self, worker_alive: Callable[[str], Awaitable[bool]] | None) -> None:
-        self.worker_alive, self.worker_id, self.said = worker_alive, "", ""
+    def __init__(self, worker_alive: Callable[[str], Awaitable[bool]] | None,
+                 kafka_quiet_s: Callable[[], float | None] | None = None) -> None:
+        self.worker_alive, self.kafka_quiet_s, self.worker_id, self.said = worker_alive, kafka_quiet_s, "", ""
         self.epoch, self.next_seq = 0, 0
         self.last_event = time.monotonic()
         self.missing_since: float | None = None  # when the worker's beat was first found gone in this stall
@@ -134,6 +140,9 @@ class Recovery:
         now = time.monotonic()
         if now - self.last_event < STALL_S:
             return None
+        quiet = self.kafka_quiet_s() if self.kafka_quiet_s is not None else None
+        if quiet is not None and quiet >= KAFKA_QUIET_S:
+            return self._say("store_unavailable", "Kafka")
         try:
             alive = await self.worker_alive(self.worker_id)
         except RedisError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -44,6 +45,16 @@ class PartitionTail:
             self.consumer.seek(tp, ends[tp])  # "end" resolved now: nothing produced after start() is missed
         self._task = asyncio.create_task(self._run(), name=f"token-tail-{self.partitions}")
         return count
+
+    def quiet_s(self) -> float | None:
+        """Seconds since Kafka last answered a fetch of these partitions (an idle long-poll counts: the broker
+        answers every ``fetch_max_wait_ms``); None before the first answer. Read from the consumer's own
+        bookkeeping: no request, no timer."""
+        if self.consumer is None:
+            return None
+        heard = [self.consumer.last_poll_timestamp(TopicPartition(self.topic, p)) for p in self.partitions]
+        known = [ms for ms in heard if ms]
+        return max(0.0, time.time() - max(known) / 1000) if known else None
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -35,7 +35,8 @@ async def _events(response: httpx.Response, send: Send, last_id: list[int | None
                 send.snapshot = body["text"]
             elif event == "recovering":
                 send.recovering += 1
-                send.reasons.append(body.get("reason", ""))
+                store = body.get("store")  # which store, for store_unavailable: "store_unavailable:Kafka"
+                send.reasons.append(body.get("reason", "") + (f":{store}" if store else ""))
             elif event == "message_end":
                 send.ended = body["stop_reason"]
                 return

@@ -335,7 +335,8 @@ async def test_kafka_broker_sigkill_loses_no_acknowledged_record(stack: PrivateS
 
 async def test_kafka_stop_and_start(stack: PrivateStack, user: tuple[str, str]) -> None:
     """Every broker stopped (SIGTERM) for 20 s, its supervisor held (SIGSTOP) meanwhile, then let go: each
-    supervisor starts its broker again; streams pause, then complete."""
+    supervisor starts its broker again; streams pause, say Kafka is unreachable (not that their worker was
+    lost: it still beats in Redis), then complete."""
     names = stack.kafka_nodes()
     before = {name: stack.restarts(name) for name in names}
 
@@ -356,9 +357,12 @@ async def test_kafka_stop_and_start(stack: PrivateStack, user: tuple[str, str]) 
             for supervisor in supervisors:
                 os.kill(supervisor, signal.SIGCONT)
 
-    await _with_fault(stack, user, "Kafka stopped 20 s, restarted by its supervisors (all 3 brokers)",
-                      stop_and_start)
+    _, sends = await _with_fault(stack, user, "Kafka stopped 20 s, restarted by its supervisors (all 3 brokers)",
+                                 stop_and_start)
     assert {name: stack.restarts(name) for name in names} == {name: n + 1 for name, n in before.items()}
+    reasons = [s.reasons for s in sends]
+    assert all("store_unavailable:Kafka" in r for r in reasons), reasons
+    assert not [r for s in sends for r in s.reasons if r == "worker_lost"], reasons
 
 
 async def test_cassandra_sigterm_and_restart(stack: PrivateStack, user: tuple[str, str]) -> None:

@@ -96,6 +96,9 @@ class Gateway:
     async def worker_alive(self, worker_id: str) -> bool:
         return True
 
+    def kafka_quiet_s(self) -> float | None:
+        return 0.0
+
     def new_generation_id(self) -> str:
         return new_id()
 
