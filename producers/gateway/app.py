@@ -43,6 +43,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app.add_middleware(Guard, settings=settings)  # outermost: body size and refusal budget before anything
     install_error_handlers(app)
     from producers.gateway import (
+        routes_account,
         routes_chat,
         routes_conversations,
         routes_export,
@@ -64,6 +65,7 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app.include_router(routes_responses.router)
     app.include_router(routes_usage.router)
     app.include_router(routes_tokens.router)
+    app.include_router(routes_account.router)
     app.include_router(routes_export.router)
     app.include_router(routes_share.router)
     app.include_router(routes_share.page_router)
