@@ -34,7 +34,7 @@ PHONE = {"has_touch": True, "is_mobile": True}
 SMALL_TARGETS = """() => {
   const out = [];
   for (const e of document.querySelectorAll('#app button, #app a, #app select, #app input, #app textarea,'
-                                            + ' dialog[open] button, dialog[open] input')) {
+                                            + ' dialog[open] button, dialog[open] input, dialog[open] select')) {
     const r = e.getBoundingClientRect();
     if (!r.width || getComputedStyle(e).visibility === 'hidden' || e.closest('[hidden], [inert]')) continue;
     if (e.closest('.md p, .md li, .md td, .md th')) continue;

@@ -5,6 +5,7 @@ import { api, ApiError, whenSignedOut } from "./api.js";
 import { Chat } from "./chat.js";
 import { Drawer, Theme } from "./chrome.js";
 import { SearchBox } from "./search.js";
+import { defaultModel, SettingsDialog } from "./settings.js";
 import { ConversationMenu } from "./sharing.js";
 import { Sidebar } from "./sidebar.js";
 
@@ -15,6 +16,8 @@ let sidebar;
 let drawer;
 let menu;
 let usageMissing = false; // GET /v1/usage answered 404: this service has no usage endpoint
+let me = null; // the signed-in user
+let models = { preferred: null, items: [] }; // GET /v1/models
 
 async function boot() {
   whenSignedOut(() => signedOut("Your session has ended. Sign in again."));
@@ -97,6 +100,16 @@ function wireApp() {
     },
   });
   menu = new ConversationMenu(() => shownConversation());
+  new SettingsDialog({
+    user: () => me, models: () => models.items, serviceDefault: () => models.preferred,
+    defaultChanged: (pool) => { if (!chat.conversationId) pick(pool); },
+    deletedAll: () => {
+      sidebar.reset().catch((err) => showBanner(describe(err)));
+      chat.closeAll();
+      if (location.hash) location.hash = "";
+      else openFromAddress();
+    },
+  });
   drawer = new Drawer($("app"), $("menu"), $("scrim"));
   new Theme($("theme"));
   new SearchBox({ input: $("search"), results: $("search-results"), list: $("conversation-list"),
@@ -144,6 +157,7 @@ function wireApp() {
 async function showApp(user) {
   $("signin").hidden = true;
   $("app").hidden = false;
+  me = user;
   $("who").textContent = `${user.display_name || "Signed in"} · ${user.plan} plan`;
   await Promise.all([loadModels(), sidebar.reset().catch((err) => showBanner(describe(err))), refreshUsage()]);
   await openFromAddress();
@@ -157,6 +171,7 @@ async function openFromAddress() {
   if (messageId) history.replaceState(null, "", `#/c/${encodeURIComponent(id)}`);
   else if (id === chat.conversationId && id !== null) return;
   $("banner").hidden = true;
+  if (!id && me) pick(defaultModel(me.user_id, models.preferred)); // a new chat starts on the default model
   sidebar.setActive(id);
   setTitle(id ? sidebar.titleOf(id) : null);
   try {
@@ -177,14 +192,20 @@ async function send() {
 
 async function loadModels() {
   const { default: preferred, items } = await api("GET", "/v1/models");
+  models = { preferred, items };
+  const start = defaultModel(me.user_id, preferred);
   const picker = $("model");
   picker.replaceChildren(...items.map(({ pool, model }) => {
     const option = document.createElement("option");
     option.value = pool;
     option.textContent = `${pool} · ${model}`;
-    option.selected = pool === preferred;
+    option.selected = pool === start;
     return option;
   }));
+}
+
+function pick(pool) {
+  if ([...$("model").options].some((o) => o.value === pool)) $("model").value = pool;
 }
 
 // Remaining daily tokens, if this service reports them (GET /v1/usage); nothing shown where it doesn't.

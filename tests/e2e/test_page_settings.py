@@ -1,0 +1,90 @@
+"""The page's settings, in a browser against the whole service: the model new chats start with, the plan's
+retention, export and delete of every conversation, and API tokens made (shown once), used and revoked.
+At phone size every control in the dialog is a 44 px target. Screenshots go to tests/artifacts/screenshots/."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from tests.e2e.browser import Page, open_drawer, shot, sign_in, until
+from tests.e2e.conftest import Caller
+from tests.e2e.test_page_phone import PHONE, small_targets
+from tests.e2e.test_page_privacy import answer_dialogs
+
+
+async def open_settings(page: Any, size: str = "desktop") -> None:
+    await open_drawer(page, size)
+    await page.locator("#settings-open").click()
+    await page.locator("#settings-dialog").wait_for(state="visible")
+    await until(page, "document.querySelector('#retention').textContent")
+
+
+async def test_default_model_tokens_export_and_delete_all(make_page: Page, http: httpx.AsyncClient,
+                                                          alice: Caller) -> None:
+    ids = []
+    for title in ("Garden plans", "Reading list"):
+        r = await http.post("/v1/conversations", headers=alice.headers, json={"title": title})
+        ids.append(r.json()["conversation_id"])
+    page = await make_page("desktop")
+    await page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    seen = answer_dialogs(page, ["", ""])  # revoke, then delete all: both confirmed
+    await sign_in(page, alice)
+    assert await page.locator("#model").input_value() == "large"  # the service's default
+    await open_settings(page)
+    assert await page.locator("#retention").inner_text() == (
+        "Your paid plan: conversations are kept until you delete them. A deleted conversation is erased within a "
+        "minute, share links included; messages are stored encrypted.")
+
+    # The default model: new chats start with it, also after a reload.
+    await page.locator("#default-model").select_option("small")
+    assert await page.locator("#model").input_value() == "small"  # no conversation open: this one too
+    await page.locator("#settings-close").click()
+    await page.locator(f"#conversation-list a[href='#/c/{ids[0]}']").click()
+    await page.locator("#model").select_option("large")
+    await page.locator("#new-chat").click()
+    await until(page, "document.querySelector('#model').value === 'small'", 5)
+    await page.reload()
+    await page.locator("#app").wait_for(state="visible")
+    await until(page, "document.querySelector('#model').value === 'small'", 10)
+
+    # An API token: made and shown once, it works; revoked, it stops at once.
+    await open_settings(page)
+    await page.locator("#token-name").fill("laptop")
+    await page.locator("#token-form button[type=submit]").click()
+    await until(page, "document.querySelector('#token-secret').textContent.startsWith('pk_')")
+    token = await page.locator("#token-secret").inner_text()
+    row = page.locator("#token-list li", has_text="laptop")
+    assert "active" in await row.inner_text()
+    await shot(page, "settings-01-desktop")
+    await page.locator("#token-copy").click()
+    assert await page.evaluate("navigator.clipboard.readText()") == token
+    bearer = {"Authorization": f"Bearer {token}"}
+    assert (await http.get("/v1/conversations", headers=bearer)).status_code == 200
+    await row.get_by_role("button", name="Revoke laptop").click()
+    await until(page, "[...document.querySelectorAll('#token-list li')].some((li) => "
+                      "li.textContent.startsWith('laptop · revoked'))")
+    assert "laptop" in seen[0]
+    assert (await http.get("/v1/conversations", headers=bearer)).status_code == 401
+
+    # Export every conversation, then delete them all.
+    async with page.expect_download() as info:
+        await page.locator("#export-all").click()
+    exported = json.loads(open(await (await info.value).path(), encoding="utf-8").read())  # noqa: SIM115
+    assert set(ids) <= {c["conversation_id"] for c in exported["conversations"]}
+    await page.locator("#delete-all").click()
+    await until(page, "document.querySelector('#data-note').textContent.startsWith('Deleted ')")
+    assert "cannot be undone" in seen[1]
+    assert (await http.get("/v1/conversations", headers=alice.headers)).json()["items"] == []
+    await page.locator("#settings-close").click()
+    await until(page, "document.querySelectorAll('#conversation-list li').length === 0", 10)
+
+
+async def test_settings_on_a_phone_are_all_44px_taps(make_page: Page, bob: Caller) -> None:
+    page = await make_page("phone", **PHONE)
+    await sign_in(page, bob)
+    await open_settings(page, "phone")
+    assert "Your free plan" in await page.locator("#retention").inner_text()
+    assert await small_targets(page) == []
+    await shot(page, "settings-02-phone")
