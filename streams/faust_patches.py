@@ -157,7 +157,8 @@ class SeekFirstRecovery(Recovery):
     Here the partitions are sought while still paused, then resumed; the rest is faust's own order."""
 
     async def on_recovery_completed(self, generation_id: int = 0) -> None:
-        app, consumer = self.app, self.app.consumer
+        app: Any = self.app  # faust's App type leaves out the fetcher its own recovery starts below
+        consumer = app.consumer
         self.log.info("Restore complete!")
         await app.on_rebalance_complete.send()
         self._set_recovery_ended()
@@ -178,7 +179,7 @@ class SeekFirstRecovery(Recovery):
         self.completed.set()
         app.flow_control.resume()
         consumer.resume_flow()
-        await app._fetcher.maybe_start()  # type: ignore[attr-defined]  # as faust's own recovery does
+        await app._fetcher.maybe_start()  # as faust's own recovery does
         self.tables.on_actives_ready()
         if not app.assignor.assigned_standbys():
             self.tables.on_standbys_ready()

@@ -16,7 +16,7 @@ ledger first counts it.
 
 A reconciler (``Reconciler``, every 30 s) reads this instance's ``usage`` partitions again over the time
 since its last pass and counts any record the ledger lacks. faust's table recovery once committed records
-the agent was never handed (the fault suite's stages SIGKILL: a day row held 1 reply of 2); ``streams.app``
+the agent was never handed (the fault suite's stages SIGKILL: a day row held 1 reply of 2); ``streams.faust_patches``
 now fixes that order and refuses to commit past a hole, and the reconciler stays as the day count's second
 line. The agent and the reconciler count one record at a time (a lock), so neither rewrites a day row from
 an older sum than the other's.
@@ -116,6 +116,19 @@ class Reconciler:
         self.began = now
         return counted
 
+    async def run_assigned(self, consumer: Any) -> None:
+        """One pass over the partitions of the topic ``consumer`` is assigned; an outage skips the pass (the
+        next one reads its window too)."""
+        try:
+            mine = {tp.partition for tp in consumer.assignment() if tp.topic == self.topic}
+            if mine:
+                await self.run(mine)
+        except KafkaError as exc:  # an outage: the next pass covers this one's window too
+            log.warning("usage reconciliation skipped: Kafka unreachable (%s); the next pass reads its window "
+                        "again", type(exc).__name__)
+        except Exception:  # noqa: BLE001 - as above
+            log.exception("usage reconciliation failed; the next pass reads its window again")
+
 
 def add_to_minute(row: dict[str, int] | None, record: UsageRecorded) -> dict[str, int]:
     row = row or {"replies": 0, "failed": 0, **{name: 0 for name in COUNTED}}
@@ -126,6 +139,15 @@ def add_to_minute(row: dict[str, int] | None, record: UsageRecorded) -> dict[str
 def minute_of(record: UsageRecorded) -> str:
     stamp = record.finished_at or record.at
     return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M")
+
+
+def log_minute(minutes: Any, minute: str) -> None:
+    """Each plan's totals for ``minute`` (``YYYY-MM-DDTHH:MM``), one log line per plan."""
+    for key, row in list(minutes.items()):
+        plan, at = key.split("|", 1)
+        if at == minute:
+            log.info("usage %s plan %s: %d replies (%d failed), in %d, out %d, cached %d tokens", minute, plan,
+                     row["replies"], row["failed"], row["tokens_in"], row["tokens_out"], row["tokens_cached"])
 
 
 def plan_minutes(app: faust.App, plan: str) -> dict[str, dict[str, int]]:
@@ -145,6 +167,13 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
     one_at_a_time = asyncio.Lock()
     seen = Recent()
 
+    async def rekeyed(record: UsageRecorded, new: bool) -> bool:
+        """After the ledger counted ``record``: re-keyed by plan for the minutes, if it was new there."""
+        seen.add(record.generation_id)
+        if new:
+            await by_plan.send(key=record.plan.encode(), value=record)
+        return new
+
     @app.agent(topic(app, topics, USAGE))
     async def roll_days(stream: faust.StreamT) -> None:
         async for record in stream:
@@ -157,11 +186,7 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
                                         record.tokens_cached)
             if counted is None:
                 continue  # dead-lettered
-            _, new = counted
-            seen.add(record.generation_id)
-            if new:
-                await by_plan.send(key=record.plan.encode(), value=record)
-            else:
+            if not await rekeyed(record, counted[1]):
                 log.info("generation %s usage already counted for user %s day %s; day rewritten from the ledger",
                          record.generation_id, record.user_id, record.day)
 
@@ -170,24 +195,13 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
             _, new = await until_stored(ROLE.stage, records.count_usage, record.user_id, record.day,
                                         record.generation_id, record.tokens_in, record.tokens_out,
                                         record.tokens_cached)
-        seen.add(record.generation_id)
-        if new:
-            await by_plan.send(key=record.plan.encode(), value=record)
-        return new
+        return await rekeyed(record, new)
 
     reconciler = Reconciler(settings, records, count_missed, seen)
 
     @app.timer(RECONCILE_EVERY_S)
     async def reconcile() -> None:
-        try:
-            mine = {tp.partition for tp in app.consumer.assignment() if tp.topic == reconciler.topic}
-            if mine:
-                await reconciler.run(mine)
-        except KafkaError as exc:  # an outage: the next pass covers this one's window too
-            log.warning("usage reconciliation skipped: Kafka unreachable (%s); the next pass reads its window "
-                        "again", type(exc).__name__)
-        except Exception:  # noqa: BLE001 - as above
-            log.exception("usage reconciliation failed; the next pass reads its window again")
+        await reconciler.run_assigned(app.consumer)
 
     @app.agent(by_plan)
     async def roll_minutes(stream: faust.StreamT) -> None:
@@ -197,11 +211,6 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
 
     @app.timer(log_every_s)
     async def log_last_minute() -> None:
-        minute = datetime.fromtimestamp(time.time() - 60, UTC).strftime("%Y-%m-%dT%H:%M")
-        for key, row in list(minutes.items()):
-            plan, at = key.split("|", 1)
-            if at == minute:
-                log.info("usage %s plan %s: %d replies (%d failed), in %d, out %d, cached %d tokens", minute, plan,
-                         row["replies"], row["failed"], row["tokens_in"], row["tokens_out"], row["tokens_cached"])
+        log_minute(minutes, datetime.fromtimestamp(time.time() - 60, UTC).strftime("%Y-%m-%dT%H:%M"))
 
     return app

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 from rich.progress import (
@@ -116,7 +116,7 @@ def _tensor_progress(progress: Progress, step: TaskID) -> Iterator[None]:
     Relies on the module-level ``tqdm`` name in transformers' GGUF loader; if that moves, the
     loader's own bar shows instead and nothing else changes.
     """
-    module = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    module: Any = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
     original = getattr(module, "tqdm", None)
 
     def track(iterable: Iterable[T], *_: object, **__: object) -> Iterable[T]:
@@ -124,27 +124,27 @@ def _tensor_progress(progress: Progress, step: TaskID) -> Iterator[None]:
         return progress.track(items, total=len(items), task_id=step)
 
     if original is not None:
-        module.tqdm = track  # type: ignore[attr-defined]
+        module.tqdm = track
     try:
         yield
     finally:
         if original is not None:
-            module.tqdm = original  # type: ignore[attr-defined]
+            module.tqdm = original
 
 
-def _save_plain(quantised: object, tokenizer: object, out: Path) -> None:
+def _save_plain(quantised: Any, tokenizer: Any, out: Path) -> None:
     """save_pretrained refuses a model marked GGUF-quantised: rebuild it unmarked, then save."""
     import torch
     import transformers
 
-    config = quantised.config  # type: ignore[attr-defined]
+    config = quantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = torch.bfloat16
     plain = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    plain.load_state_dict(quantised.state_dict())  # type: ignore[attr-defined]
+    plain.load_state_dict(quantised.state_dict())
     plain.save_pretrained(out)
-    tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
+    tokenizer.save_pretrained(out)
 
 
 def _provenance(gguf: Path) -> dict[str, str]:
