@@ -87,4 +87,8 @@ async def test_settings_on_a_phone_are_all_44px_taps(make_page: Page, bob: Calle
     await open_settings(page, "phone")
     assert "Your free plan" in await page.locator("#retention").inner_text()
     assert await small_targets(page) == []
+    assert await page.evaluate("""() => [...document.querySelectorAll('#settings-dialog button, #settings-dialog input,'
+      + ' #settings-dialog select')].filter((e) => { const r = e.getBoundingClientRect(), d = e.closest('dialog')
+      .getBoundingClientRect(); return r.width && (r.left < d.left || r.right > d.right); }).map((e) => e.id
+      || e.className)""") == []  # nothing sticks out of the dialog
     await shot(page, "settings-02-phone")

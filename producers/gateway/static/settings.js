@@ -24,17 +24,17 @@ export class SettingsDialog {
     $("delete-all").addEventListener("click", () => this.deleteAll().catch((err) => this.say("data-note", err.message)));
     $("token-form").addEventListener("submit", (e) => {
       e.preventDefault();
-      this.createToken().catch((err) => this.say("token-note", err.message));
+      this.createToken().catch((err) => this.say("tokens-note", err.message));
     });
     $("token-copy").addEventListener("click", () => this.copyToken());
   }
 
   async open() {
-    for (const id of ["data-note", "token-note", "token-new"]) $(id).hidden = true;
+    for (const id of ["data-note", "tokens-note", "token-new"]) $(id).hidden = true;
     this.fillModels();
     $("settings-dialog").showModal();
     await Promise.all([this.showRetention().catch((err) => this.say("data-note", err.message)),
-      this.listTokens().catch((err) => this.say("token-note", err.message))]);
+      this.listTokens().catch((err) => this.say("tokens-note", err.message))]);
   }
 
   fillModels() {
@@ -88,7 +88,7 @@ export class SettingsDialog {
     $("token-name").value = "";
     $("token-secret").textContent = made.token;
     $("token-new").hidden = false;
-    $("token-note").hidden = true;
+    $("tokens-note").hidden = true;
     await this.listTokens();
   }
 
@@ -98,10 +98,10 @@ export class SettingsDialog {
     }
     try {
       await api("DELETE", `/v1/tokens/${encodeURIComponent(t.token_id)}`);
-      this.say("token-note", "Revoked: that token no longer works.");
+      this.say("tokens-note", "Revoked: that token no longer works.");
       await this.listTokens();
     } catch (err) {
-      this.say("token-note", err.message);
+      this.say("tokens-note", err.message);
     }
   }
 
