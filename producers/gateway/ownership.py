@@ -1,6 +1,8 @@
 """Which partitions of ``chat.tokens`` a gateway tails, and generation ids that land on them.
 
-Gateway i of N owns the partitions p with p % N == i. Every event of a generation is keyed by its id, so the
+Gateway i of N owns the partitions p with p % N == i. An index past N - 1 is taken modulo N: the gateways of a
+StatefulSet that an autoscaler grew past N share their partitions with the first N (each such partition is then
+read by two of them), and none needs restarting when the count changes. Every event of a generation is keyed by its id, so the
 gateway that accepts a message draws ids until one falls on a partition it owns: the reply's token records
 then reach only the one gateway that serves its stream, and each gateway's tail grows with its own streams,
 not with the fleet. With 6 partitions and N gateways a draw succeeds with chance |owned| / 6 (half a draw
@@ -22,8 +24,9 @@ class NoPartitions(ParleyError, ValueError):
 
 
 def owned(index: int, count: int, partitions: int) -> frozenset[int]:
-    if count < 1 or not 0 <= index < count:
-        raise ValueError(f"gateway index {index} is not one of 0..{count - 1}")
+    if count < 1 or index < 0:
+        raise ValueError(f"gateway index {index} of {count}: the index must be 0 or more and the count 1 or more")
+    index %= count
     mine = frozenset(p for p in range(partitions) if p % count == index)
     if not mine:
         raise NoPartitions(f"gateway {index} of {count} owns no partition of a topic with {partitions}: "

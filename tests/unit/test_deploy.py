@@ -76,13 +76,33 @@ def test_one_deployment_per_stage_and_gpu_workers_scaled_on_their_lanes() -> Non
     assert {(t["metadata"]["topic"], t["metadata"]["consumerGroup"]) for t in large["triggers"]} == {
         ("generate.large.paid", "generation.large"), ("generate.large.free", "generation.large")}
     hpa = _kind(docs, "HorizontalPodAutoscaler")[0]["spec"]
-    assert hpa["scaleTargetRef"]["name"] == "parley-gateway" and hpa["minReplicas"] >= 2
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "parley-gateway"}
+    assert hpa["minReplicas"] >= 2
     k8ssandra = _kind(docs, "K8ssandraCluster")[0]["spec"]["cassandra"]["datacenters"][0]
     env = _kind(docs, "ConfigMap")[0]["data"]
     assert (k8ssandra["size"], env["PARLEY_CASSANDRA_REPLICATION"], env["PARLEY_CASSANDRA_CONSISTENCY"]) == (
         3, "3", "LOCAL_QUORUM")
     kafka = _kind(docs, "Kafka")[0]["spec"]["kafka"]["config"]
     assert (kafka["default.replication.factor"], kafka["min.insync.replicas"]) == (3, 2)
+
+
+@needs_helm
+def test_each_gateway_pod_reads_its_own_partitions_of_the_token_topic() -> None:
+    from producers.gateway.ownership import owned
+    from topics.catalogue import TOKENS
+
+    gateway = next(s for s in _kind(_render(), "StatefulSet") if s["metadata"]["name"] == "parley-gateway")
+    env = {e["name"]: e for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+    index = env["PARLEY_GATEWAY_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert index == "metadata.labels['apps.kubernetes.io/pod-index']"  # the pod's ordinal
+    shards = int(env["PARLEY_GATEWAYS"]["value"])
+    assert 2 <= shards <= TOKENS.partitions
+    # every partition has a reader among the first `shards` pods, and an extra pod shares, never lacks one
+    assert sorted(p for i in range(shards) for p in owned(i, shards, TOKENS.partitions)) == list(
+        range(TOKENS.partitions))
+    assert owned(shards + 1, shards, TOKENS.partitions) == owned(1, shards, TOKENS.partitions)
+    headless = {s["metadata"]["name"] for s in _kind(_render(), "Service") if s["spec"].get("clusterIP") == "None"}
+    assert gateway["spec"]["serviceName"] in headless
 
 
 @needs_helm

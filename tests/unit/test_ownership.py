@@ -24,8 +24,16 @@ def test_gateways_split_the_partitions_between_them_with_none_left_over_or_share
 def test_a_gateway_that_would_own_nothing_is_refused_with_what_to_do() -> None:
     with pytest.raises(ownership.NoPartitions, match="at most 6 gateways"):
         ownership.owned(6, 7, 6)
-    with pytest.raises(ValueError, match="not one of 0..1"):
-        ownership.owned(2, 2, 6)
+    with pytest.raises(ValueError, match="0 or more"):
+        ownership.owned(-1, 2, 6)
+    with pytest.raises(ValueError, match="1 or more"):
+        ownership.owned(0, 0, 6)
+
+
+def test_an_index_past_the_count_shares_the_partitions_of_its_remainder() -> None:
+    # a StatefulSet grown to 8 pods with 6 partition groups: pods 6 and 7 read what pods 0 and 1 read
+    assert ownership.owned(6, 6, 6) == ownership.owned(0, 6, 6) == {0}
+    assert ownership.owned(7, 6, 6) == {1} and ownership.owned(5, 2, 6) == ownership.owned(1, 2, 6)
 
 
 def test_minted_ids_land_on_the_gateways_own_partitions_and_stay_time_ordered() -> None:
