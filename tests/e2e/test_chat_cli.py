@@ -116,3 +116,16 @@ async def test_no_token_at_all_says_how_to_get_one(args: tuple[str, ...], tmp_pa
                           env=dict(os.environ, PARLEY_STATE_DIR=str(tmp_path), PARLEY_TOKEN=""))
     status, text = finish(child)
     assert status == 2 and last_line(text).startswith("No token: pass --token")
+
+
+async def test_a_one_shot_reply_pipes_cleanly(service: Service, bob: Caller) -> None:
+    """stdout is the reply alone, ending with a newline; who answered and the figures are on stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "infra.local.cli", "chat", "--url", service.url(), "--token", bob.token,
+        "Name a colour.", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, err.decode()
+    text, notes = out.decode(), err.decode()
+    assert text.strip() and text.endswith("\n")
+    assert " via " not in text and "tok/s" not in text  # nothing but the reply
+    assert notes.startswith("[") and " via " in notes.splitlines()[0] and "tok/s]" in notes
