@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sys
 from typing import Any
@@ -75,13 +76,21 @@ async def test_ctrl_c_mid_reply_stops_it_then_a_second_ctrl_c_quits(service: Ser
                                                                     alice: Caller) -> None:
     r = await http.post("/v1/conversations", headers=alice.headers, json={})
     cid = r.json()["conversation_id"]
-    child = spawn("--url", service.url(), "--token", alice.token, "--conversation", cid)
-    child.expect_exact("you> ")
-    child.sendline(LONG)
-    child.expect(r"\[\S+ via large\] ")
-    child.expect(r"\w+ \w+ \w+")  # words are streaming in
-    child.sendintr()
-    child.expect_exact("[stopping…]")
+    for _attempt in range(3):
+        child = spawn("--url", service.url(), "--token", alice.token, "--conversation", cid)
+        child.expect_exact("you> ")
+        child.sendline(LONG)
+        child.expect(r"\[\S+ via large\] ")
+        child.expect(r"\w+")  # words are streaming in
+        child.sendintr()
+        # The model may end a story before the Ctrl-C arrives (a loaded machine reads the output late): the
+        # client is then back at its prompt, where Ctrl-C quits, as it should. Only then is it tried again.
+        if child.expect_exact(["[stopping…]", pexpect.EOF]) == 0:
+            break
+        assert re.search(r"tok/s\]\s+you> ", child.before or ""), child.before  # it had finished, not failed
+        child.close()
+    else:
+        raise AssertionError("three replies ended before Ctrl-C reached the client")
     child.expect(r"\[stopped; \d+ in / \d+ out;")
     child.expect_exact("you> ")  # back at the prompt: the client goes on
 
