@@ -170,9 +170,13 @@ class Conversations:
                            conv.source)
         sealed = await self._seal(conv.conversation_id, new.title)
         # Three different rows: written together, one round trip instead of three.
+        # The title is written only when given: a reply saved while its owner renamed the conversation read the
+        # row before the rename, and writing that title back undid the rename.
         writes = [
             self.db.execute("UPDATE conversations SET updated_at = ?, title = ?, model = ? WHERE conversation_id = ?",
-                            (at, sealed, new.model, conv.conversation_id)),
+                            (at, sealed, new.model, conv.conversation_id)) if title is not None else
+            self.db.execute("UPDATE conversations SET updated_at = ?, model = ? WHERE conversation_id = ?",
+                            (at, new.model, conv.conversation_id)),
             self.db.execute(
                 "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
                 "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, sealed, new.model, conv.source))]
