@@ -174,8 +174,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def _render(request: Request, err: ApiError) -> JSONResponse:
-    """The native error shape, or OpenAI's on the OpenAI-compatible paths (its clients parse that)."""
-    if openai_compat.applies(request.url.path):
-        status, body = openai_compat.error_json(err)
-        return JSONResponse(body, status_code=status, headers=err.headers())
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+    return openai_compat.error_response(request.url.path, err)

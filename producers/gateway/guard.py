@@ -18,9 +18,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infra.config.settings import Settings
@@ -160,12 +158,7 @@ def _replay(chunks: list[Message], receive: Receive) -> Callable[[], Awaitable[M
 
 
 async def _answer(scope: Scope, receive: Receive, send: Send, err: ApiError) -> None:
-    """The error in the shape the path's clients parse (OpenAI's on its paths), as the routes answer."""
-    body: Any
-    if openai_compat.applies(scope.get("path", "")):
-        status, body = openai_compat.error_json(err)
-    else:
-        status, body = err.status, err.body()
-    # The connection stays open: the server drops the unread body as it arrives (closing at once would reset
-    # a client still sending, which then never reads the 413)
-    await JSONResponse(body, status_code=status, headers=err.headers())(scope, receive, send)
+    """The error in the shape the path's clients parse, as the routes answer. The connection stays open: the
+    server drops an unread body as it arrives (closing at once would reset a client still sending, which then
+    never reads the 413)."""
+    await openai_compat.error_response(scope.get("path", ""), err)(scope, receive, send)

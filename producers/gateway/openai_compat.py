@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 import orjson
+from starlette.responses import JSONResponse
 
 from producers.gateway import sampling_params, tools
 from producers.gateway import tool_calls as calls
@@ -312,6 +313,14 @@ def unknown_route(method: str, path: str, status: int) -> dict[str, Any]:
         return _error(f"Method {method} is not allowed on {path}.", "invalid_request_error", None,
                       "method_not_allowed")
     return _error(f"Invalid URL ({method} {path})", "invalid_request_error", None, "unknown_url")
+
+
+def error_response(path: str, err: ApiError) -> JSONResponse:
+    """The native error shape, or OpenAI's on the OpenAI-compatible paths (its clients parse that)."""
+    if applies(path):
+        status, body = error_json(err)
+        return JSONResponse(body, status_code=status, headers=err.headers())
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
 
 def error_json(err: ApiError) -> tuple[int, dict[str, Any]]:
