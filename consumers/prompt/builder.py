@@ -26,6 +26,7 @@ from consumers.stage import Out
 from infra.stores import keys
 from infra.stores.conversations import ClientMessageClaim, Conversations, Message
 from infra.stores.finished import FinishedReplies
+from infra.stores.preferences import instructions_in
 from infra.stores.records import Records, Summary
 from schemas import GenerationRequested, InputBlocked, PoolPrompt, PromptBuilt, RequestAdmitted, RequestRefused
 from schemas.scheduler import BACKGROUND_PRIORITY
@@ -181,7 +182,8 @@ class PromptBuilder:
         """The prompt for the request's pool, and for the overflow pool when its prompt would differ
         (another model's tokenizer, another window): the scheduler may still send it there."""
         turns = [] if isinstance(req.history, list) else branch_turns(history, user_message)
-        window = self._fit(req, turns, summary, req.pool)
+        told = None if isinstance(req.history, list) else instructions_in(history)  # read with the history
+        window = self._fit(req, turns, summary, req.pool, told)
         if isinstance(window, TooLong):
             return window
         alternates = []
@@ -190,7 +192,7 @@ class PromptBuilder:
         # on its own pool (or refuses it) rather than drop the guarantee.
         if req.pool != other and self._can_overflow(other) and self.honours(other, _tool_call(req)):
             if not self.same_model(req.pool, other) or self.max_model_len(other) != self.max_model_len(req.pool):
-                alt = self._fit(req, turns, summary, other)
+                alt = self._fit(req, turns, summary, other, told)
                 if isinstance(alt, Window):  # no alternate: the scheduler will not overflow this one
                     alternates.append(PoolPrompt(pool=other, max_tokens=alt.max_tokens, prompt_token_ids=alt.ids))
             else:
@@ -204,14 +206,15 @@ class PromptBuilder:
             return False  # no such pool in this deployment
         return True
 
-    def _fit(self, req: RequestAdmitted, turns: list[Turn], summary: Summary | None, pool: str) -> Window | TooLong:
+    def _fit(self, req: RequestAdmitted, turns: list[Turn], summary: Summary | None, pool: str,
+             instructions: str | None = None) -> Window | TooLong:
         tok = self.tokenizer_for_pool(pool)
         if isinstance(req.history, list):  # the client sent the whole history (OpenAI-compatible API)
             pairs = [(t.role, t.content) for t in req.history]
             return fit_window(lambda b: fit_history(pairs, tok.count, b), tok.chat_ids, self.budget,
                               self.max_model_len(pool), req.reply_cap)
         known = (summary.upto_turn, summary.summary) if summary else None
-        return fit_window(lambda b: fit(turns, tok.count, b, known), tok.chat_ids, self.budget,
+        return fit_window(lambda b: fit(turns, tok.count, b, known, instructions), tok.chat_ids, self.budget,
                           self.max_model_len(pool), req.reply_cap)
 
     def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],

@@ -1,7 +1,8 @@
 """Pure prompt fitting: shared system prompt first, then as many recent turns as fit the budget.
 
 The system prompt is identical for every request so the engine's prefix cache shares
-its KV blocks; a summary of dropped turns goes after it, never inside it.
+its KV blocks; the conversation's custom instructions come next (the same words on every
+turn of it), then a summary of dropped turns, never inside either.
 """
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ class Fitted:
 
 
 def fit(turns: Sequence[Turn], count: Callable[[str], int], budget: int,
-        summary: tuple[int, str] | None = None) -> Fitted:
+        summary: tuple[int, str] | None = None, instructions: str | None = None) -> Fitted:
     """``turns`` oldest first, the last one unanswered. Keeps newest turns whole while they fit; when older
     ones fall out and ``summary`` (upto_turn, text) covers them, its note gets room first, right after the
-    shared system prompt."""
-    base = count(SYSTEM_PROMPT) + PER_MESSAGE_OVERHEAD
+    shared system prompt and the conversation's ``instructions`` (always kept, and counted in the budget)."""
+    told = instructions_note(instructions)
+    base = count(SYSTEM_PROMPT) + PER_MESSAGE_OVERHEAD + (count(told) + PER_MESSAGE_OVERHEAD if told else 0)
     kept = _aligned(_newest(turns, count, budget - base), len(turns))
     dropped = turns[: len(turns) - len(kept)]
     note = f"Summary of the earlier conversation: {summary[1]}" if summary is not None else ""
@@ -50,8 +52,8 @@ def fit(turns: Sequence[Turn], count: Callable[[str], int], budget: int,
         dropped_too = turns[: len(turns) - len(with_note)]
         fits = sum(_cost(t, count) for t in with_note) + count(note) + PER_MESSAGE_OVERHEAD <= budget - base
         if fits and summary[0] >= dropped_too[-1].turn - SUMMARY_MAX_GAP:
-            return _fitted(with_note, dropped_too, note)
-    return _fitted(kept, dropped, None)
+            return _fitted(with_note, dropped_too, note, told)
+    return _fitted(kept, dropped, None, told)
 
 
 def _newest(turns: Sequence[Turn], count: Callable[[str], int], room: int) -> list[Turn]:
@@ -75,8 +77,14 @@ def _aligned(kept: list[Turn], total: int) -> list[Turn]:
     return [t for t in kept if t.turn >= start] or kept[-1:]
 
 
-def _fitted(kept: list[Turn], dropped: Sequence[Turn], note: str | None) -> Fitted:
+def instructions_note(instructions: str | None) -> str | None:
+    return f"The user's custom instructions, to follow in this conversation:\n{instructions}" if instructions else None
+
+
+def _fitted(kept: list[Turn], dropped: Sequence[Turn], note: str | None, told: str | None = None) -> Fitted:
     messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    if told is not None:
+        messages.append({"role": "system", "content": told})
     if note is not None:
         messages.append({"role": "system", "content": note})
     for t in kept:

@@ -10,6 +10,7 @@ from consumers.prompt.fit import (
     fit,
     fit_history,
     fit_window,
+    instructions_note,
 )
 from consumers.prompt.summary import summary_messages, wanted
 from infra.stores.records import Summary
@@ -147,3 +148,27 @@ def test_the_oldest_kept_turn_stays_put_for_several_prompts() -> None:
     changes = sum(1 for a, b in zip(firsts, firsts[1:], strict=False) if a != b)
     assert None not in firsts and changes <= len(firsts) // DROP_STEP + 1  # once a block, not once a turn
     assert all((d + 1) % DROP_STEP == 0 for d in firsts)  # type: ignore[operator]
+
+
+def test_custom_instructions_follow_the_shared_prompt_before_the_summary_and_count_in_the_budget() -> None:
+    told = "Answer in French. Keep it short."
+    budget = words(SYSTEM_PROMPT) + PER_MESSAGE_OVERHEAD + 6 + 2 * (10 + PER_MESSAGE_OVERHEAD) + 20
+    plain = fit(_turns(14), words, budget, summary=(11, "they talked about cats"))
+    cost = words(instructions_note(told) or "") + PER_MESSAGE_OVERHEAD
+    with_told = fit(_turns(14), words, budget + cost, summary=(11, "they talked about cats"), instructions=told)
+    # The shared prompt stays first (one prefix for every user), the instructions next, then the summary.
+    assert with_told.messages[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    assert with_told.messages[1]["role"] == "system" and with_told.messages[1]["content"].endswith(told)
+    assert with_told.messages[2]["content"].startswith("Summary of the earlier conversation")
+    assert with_told.messages[3:] == plain.messages[2:]  # the same turns fit once the budget grows by their cost
+    squeezed = fit(_turns(14), words, budget, summary=(11, "they talked about cats"), instructions=told)
+    assert squeezed.turns_kept < plain.turns_kept  # they took room from the turns
+    total = sum(words(m["content"]) + PER_MESSAGE_OVERHEAD for m in squeezed.messages)
+    assert total <= budget
+
+
+def test_custom_instructions_are_the_same_tokens_on_every_turn() -> None:
+    told = "Call me Sam."
+    prompts = [fit(_turns(n), words, 10_000, instructions=told).messages for n in (1, 3, 7)]
+    assert prompts[0][:2] == prompts[1][:2] == prompts[2][:2]  # a stable prefix: the engine's cache holds it
+    assert fit(_turns(3), words, 10_000, instructions="").messages == fit(_turns(3), words, 10_000).messages
