@@ -67,8 +67,11 @@ export class Chat {
       if (m.role !== "assistant" || !m.generation_id) return m;
       const mine = this.replies.get(m.generation_id);
       if (mine) { // what the server knows that the stream didn't (ids, usage); never the text or the status
+        // A row still generating was saved before routing: its pool is the one asked for, and the stream's
+        // message_start already said who answers (a fallback included).
+        const skip = m.status === "generating" && mine.route_reason ? ROUTE_KEYS : NEVER_ADOPTED;
         for (const [key, value] of Object.entries(m)) {
-          if (value !== null && key !== "content" && key !== "status") mine[key] = value;
+          if (value !== null && !skip.has(key)) mine[key] = value;
         }
         return mine;
       }
@@ -328,6 +331,8 @@ function routeOf(start) {
 }
 
 const FALLBACKS = new Set(["overflow", "canned"]);
+const NEVER_ADOPTED = new Set(["content", "status"]);
+const ROUTE_KEYS = new Set([...NEVER_ADOPTED, "pool", "model", "route_reason", "requested_pool"]);
 
 // The model picker follows the reopened conversation's last reply, unless that was a fallback: the person picked
 // the model it was moved away from, not the one that stood in (that pool is not known for older overflows).
