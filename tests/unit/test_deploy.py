@@ -1,6 +1,6 @@
 """The Kubernetes chart (infra/deploy/helm/parley): its topics are the catalogue's, and what `helm template`
 renders is valid against schemas generated from k8s.io/api (kubeconform). helm and kubeconform are built into
-the cache dir by infra/deploy/tools.sh, which `infra/parley test` runs; these tests skip only without them."""
+the cache dir by infra/deploy/tools.sh, which `infra/parley test` runs; without them these tests fail."""
 from __future__ import annotations
 
 import hashlib
@@ -11,11 +11,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from infra.config.settings import Settings
 from infra.deploy.topics import CHART, TOPICS_FILE, deployed_topics, topics_document
+from tests.tools import missing, needs
 
 SCHEMA_SRC = Path(__file__).resolve().parents[2] / "infra" / "deploy" / "schemas"
 
@@ -26,7 +26,7 @@ def _tool(name: str) -> str | None:
 
 
 HELM, KUBECONFORM = _tool("helm"), _tool("kubeconform")
-needs_helm = pytest.mark.skipif(HELM is None, reason="helm not built: run infra/deploy/tools.sh")
+needs_helm = needs(HELM, "helm", "run infra/deploy/tools.sh")
 
 
 def _render(*sets: str) -> list[dict[str, Any]]:
@@ -106,12 +106,12 @@ def test_each_gateway_pod_reads_its_own_partitions_of_the_token_topic() -> None:
 
 
 @needs_helm
-@pytest.mark.skipif(KUBECONFORM is None, reason="kubeconform not built: run infra/deploy/tools.sh")
+@needs(KUBECONFORM, "kubeconform", "run infra/deploy/tools.sh")
 def test_rendered_manifests_are_valid_kubernetes(tmp_path: Path) -> None:
     digest = hashlib.sha256((SCHEMA_SRC / "main.go").read_bytes() + (SCHEMA_SRC / "go.mod").read_bytes())
     schemas = Settings.from_env().cache_dir / "k8s-schemas" / digest.hexdigest()[:16]
     if not (schemas / "deployment-apps-v1.json").is_file():
-        pytest.skip(f"no generated schemas in {schemas}: run infra/deploy/tools.sh")
+        missing(f"the Kubernetes schemas ({schemas})", "run infra/deploy/tools.sh")
     rendered = tmp_path / "parley.yaml"
     rendered.write_text(yaml.safe_dump_all(_render()))
     broken = tmp_path / "broken.yaml"

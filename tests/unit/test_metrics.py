@@ -34,6 +34,7 @@ def _finished(out: int) -> GenerationFinished:
 def test_a_reply_is_timed_from_acceptance_to_its_first_visible_delta_under_the_pool_that_answered() -> None:
     before = _sample("parley_gateway_ttft_seconds_count", plan="paid", pool="small")
     tokens_before = _sample("parley_gateway_completion_tokens_total", plan="paid", pool="small")
+    replies_before = _sample("parley_gateway_replies_total", plan="paid", pool="small", stop_reason="end")
     watch = ReplyWatch("paid", "large", accepted_at=0.0)
     watch.seen(GenerationQueued(generation_id="g", conversation_id="c", user_id="u", pool="small", model="m",
                                 lane="paid", position=0, estimated_wait_s=0.0, message_id="m"))
@@ -45,7 +46,7 @@ def test_a_reply_is_timed_from_acceptance_to_its_first_visible_delta_under_the_p
     watch.seen(_finished(12))  # a replayed end is not counted twice
     assert _sample("parley_gateway_ttft_seconds_count", plan="paid", pool="small") == before + 1
     assert _sample("parley_gateway_completion_tokens_total", plan="paid", pool="small") == tokens_before + 12
-    assert _sample("parley_gateway_replies_total", plan="paid", pool="small", stop_reason="end") >= 1
+    assert _sample("parley_gateway_replies_total", plan="paid", pool="small", stop_reason="end") == replies_before + 1
 
 
 def test_a_refusal_is_counted_by_status_and_never_as_a_reply() -> None:

@@ -7,14 +7,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from infra.config.settings import Ports, Settings
 from infra.deploy.dashboard import DASHBOARD_FILE, PANELS, dashboard
 from infra.local import prometheus
+from tests.tools import needs
 
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool comes with Debian's prometheus package")
+needs_promtool = needs(PROMTOOL, "promtool", "apt-get install prometheus (Debian's package brings it)")
 
 
 def test_every_process_is_a_target_on_its_configured_port() -> None:
