@@ -3,7 +3,9 @@
 
 No stage runs behind this gateway, so a request valid enough to be submitted gets the documented
 "no decision in time" 503 (``not_started``, with Retry-After) after ``PARLEY_ADMISSION_WAIT_S``: the one
-5xx allowed, and counted. Anything else at 500 or above fails the test."""
+5xx allowed, and counted. Few examples are valid enough to get there (6 of 1,366 requests in one run, 0.4%): more
+than ``MAX_UNAVAILABLE`` of all requests answered 503 fails the test, so a gateway answering everything with a
+documented 503 cannot pass. Anything else at 500 or above fails it too."""
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +23,7 @@ from infra.stores.session import AsyncSession
 from tests.integration.gateway_server import serve
 
 EXAMPLES_PER_OPERATION = 50
+MAX_UNAVAILABLE = 0.02  # of all requests, answered the documented 503
 
 
 @pytest.fixture
@@ -42,6 +45,7 @@ async def test_no_request_the_schema_allows_gets_a_5xx(gateway_url: str, token: 
     assert len(operations) >= 12
     failures: list[str] = []
     counts: dict[str, int] = {}
+    unavailable: dict[str, int] = {}  # operation -> requests answered the documented 503
 
     def run(operation: schemathesis.APIOperation) -> None:
         @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
@@ -53,7 +57,7 @@ async def test_no_request_the_schema_allows_gets_a_5xx(gateway_url: str, token: 
             counts[operation.label] = counts.get(operation.label, 0) + 1
             if response.status_code == 503 and response.headers.get("retry-after") and \
                     response.json()["error"]["code"] in ("not_started", "backend_unavailable"):
-                counts["not_started"] = counts.get("not_started", 0) + 1
+                unavailable[operation.label] = unavailable.get(operation.label, 0) + 1
             elif response.status_code >= 500:
                 failures.append(f"{case.method} {case.formatted_path} -> {response.status_code}: "
                                 f"{response.text[:200]}")
@@ -62,6 +66,9 @@ async def test_no_request_the_schema_allows_gets_a_5xx(gateway_url: str, token: 
 
     for operation in operations:
         await asyncio.to_thread(run, operation)  # the requests are blocking; the gateway is in another thread
-    assert failures == [], "\n".join(failures[:10])
-    assert sum(counts.values()) >= len(operations) * 5, counts
     print("requests per operation:", counts)
+    print("answered 503 (not started):", unavailable)
+    assert failures == [], "\n".join(failures[:10])
+    sent = sum(counts.values())
+    assert sent >= len(operations) * 5, counts
+    assert sum(unavailable.values()) <= MAX_UNAVAILABLE * sent, (sent, unavailable)
