@@ -15,6 +15,7 @@ async def test_api_conversations_are_not_in_the_sidebar(open_page: OpenPage, ser
                                                         http: httpx.AsyncClient, alice: Caller) -> None:
     r = await http.post("/v1/conversations", headers=alice.headers, json={"title": "Made on the page"})
     assert r.status_code == 201
+    made_here = r.json()["conversation_id"]
     async with openai.AsyncOpenAI(base_url=f"{service.url('gateway-a')}/v1", api_key=alice.token,
                                   max_retries=0, timeout=120) as client:
         await client.chat.completions.create(model="large", max_tokens=4,
@@ -22,8 +23,12 @@ async def test_api_conversations_are_not_in_the_sidebar(open_page: OpenPage, ser
         await client.responses.create(model="large", input="Made by the Responses API", max_output_tokens=4)
     api = (await http.get("/v1/conversations", params={"source": "api"}, headers=alice.headers)).json()["items"]
     assert len(api) == 2  # they exist, listed over the API with the filter
+    # And, like the sidebar, its search leaves them out (they are not indexed). "made" is in all three: the same
+    # search finds the page's conversation, so an empty answer from a search that finds nothing cannot pass.
+    found = (await http.get("/v1/search", params={"q": "made"}, headers=alice.headers)).json()["items"]
+    assert {h["conversation_id"] for h in found} == {made_here}, found
     found = (await http.get("/v1/search", params={"q": "api"}, headers=alice.headers)).json()["items"]
-    assert found == []  # and, like the sidebar, its search leaves them out (they are not indexed)
+    assert found == []
     page = await open_page()
     await sign_in(page, alice)
     await until(page, "document.querySelectorAll('#conversation-list a').length >= 1")
