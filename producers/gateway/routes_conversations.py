@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from infra.stores.accounts import User
 from infra.stores.conversations import SOURCES, Conversation, Message
+from infra.stores.preferences import instructions_message, shown
 from infra.stores.search import TITLE
 from producers.gateway import deletion
 from producers.gateway.auth import current_user, gateway_of
@@ -50,6 +51,10 @@ async def create_conversation(request: Request, body: NewConversation | None = N
     # leaves no "New conversation" behind. One the client named is listed at once.
     conv = await gw.conversations.create(user.user_id, model=body.model if body else None, title=title,
                                          listed=keep and title is not None)
+    if keep:  # the account's custom instructions, copied into the conversation for its prompts (preferences.py)
+        told = (await gw.preferences.get(user.user_id)).instructions
+        if told:
+            await gw.conversations.save_message(instructions_message(conv.conversation_id, told, conv.updated_at))
     if conv.title:
         await gw.search.index(user.user_id, conv.conversation_id, TITLE, -1, conv.title)
     return {"conversation_id": conv.conversation_id}
@@ -125,7 +130,7 @@ async def list_messages(request: Request, conversation_id: str, cursor: str | No
     conv = await _owned(gw, conversation_id, user)
     items, inner = await gw.conversations.messages(conversation_id, inner, limit)
     next_cursor = gw.cursors.sign(scope, inner)
-    items = await gw.finished.current(items)  # a reply whose end was streamed shows final, saved or not
+    items = await gw.finished.current(shown(items))  # a reply whose end was streamed shows final, saved or not
     return {"conversation_id": conversation_id, "title": conv.title, "model": conv.model,
             "items": [message_json(m) for m in items], "next_cursor": next_cursor}
 

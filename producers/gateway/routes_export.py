@@ -17,6 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from infra.stores.accounts import User
 from infra.stores.conversations import Conversation, Message
+from infra.stores.preferences import shown
 from producers.gateway import transcript
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found, responses
@@ -31,14 +32,15 @@ _running: set[str] = set()  # users with an account export streaming from this g
 
 
 async def history(gw: Gateway, conversation_id: str) -> list[Message]:
-    """Every message and sibling, oldest first, read a page at a time; an ended reply shown final."""
+    """Every message and sibling, oldest first, read a page at a time; an ended reply shown final (the copy of
+    the custom instructions is the prompt's, not a message)."""
     items: list[Message] = []
     cursor: str | None = None
     while True:
         page, cursor = await gw.conversations.messages(conversation_id, cursor, PAGE_ROWS)
         items += page
         if not cursor:
-            return await gw.finished.current(items)
+            return await gw.finished.current(shown(items))
 
 
 async def owned(gw: Gateway, conversation_id: str, user: User) -> Conversation:

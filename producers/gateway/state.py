@@ -20,6 +20,7 @@ from infra.stores.accounts import Accounts, User
 from infra.stores.conversations import Conversations
 from infra.stores.finished import FinishedReplies
 from infra.stores.page_sessions import PageSessions
+from infra.stores.preferences import Preferences
 from infra.stores.records import Records
 from infra.stores.sealing import Sealer, configured
 from infra.stores.search import SearchIndex
@@ -59,6 +60,7 @@ class Gateway:
     cursors: Cursors = field(init=False)
     sessions: PageSessions = field(init=False)
     search: SearchIndex = field(init=False)
+    preferences: Preferences = field(init=False)
     sealer: Sealer = field(init=False)
     plans: dict[str, Plan] = field(default_factory=dict)  # read at start(), from settings.plans_file
     quota: Any = None
@@ -92,6 +94,7 @@ class Gateway:
         await self.relay.start()
         self.sessions = PageSessions(self.redis, self.settings.session_ttl_s)
         self.search = SearchIndex(db, self.conversations)
+        self.preferences = Preferences(db, self.sealer)
 
     async def stop(self) -> None:
         await self.tokens.stop()

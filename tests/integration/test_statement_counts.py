@@ -116,6 +116,9 @@ async def test_one_chat_message_and_one_openai_request(service: PrivateService) 
     token = await _user(service.settings)
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(base_url=service.url, headers=headers, timeout=120) as http:
+        # Custom instructions are set: the conversation keeps a copy, read with its history (no statement added).
+        r = await http.patch("/v1/account", json={"instructions": "Answer in one short line."})
+        assert r.status_code == 200, r.text
         r = await http.post("/v1/conversations", json={})
         assert r.status_code == 201, r.text
         conversation_id = r.json()["conversation_id"]

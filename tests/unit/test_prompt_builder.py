@@ -74,3 +74,33 @@ def test_the_prompt_event_carries_the_window_and_never_a_tool_request_s_text() -
     assert (event.user_message_id, event.assistant_message_id, event.question) == ("m2", "g2", "and then?")
     tools = prompt_built(req(sampling=Sampling(tool_call="json")), Placed(2, message, Built(window, [], [])))
     assert tools.question == ""  # a prepared reply (plain text) never answers a request for function calls
+
+
+class Words:
+    """A tokenizer of one token per word; a rendered prompt is its messages' words and 3 per message."""
+
+    def count(self, text: str) -> int:
+        return len(text.split())
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return [0] * sum(len(m["content"].split()) + 3 for m in messages)
+
+
+def test_the_conversations_instructions_reach_its_prompt_from_the_history_already_read() -> None:
+    from consumers.prompt.builder import PromptBuilder
+    from consumers.prompt.fit import SYSTEM_PROMPT, Window
+    from infra.stores.preferences import instructions_message
+
+    builder = PromptBuilder(None, None, None, lambda pool: Words(), 4000, lambda pool: 8192)  # type: ignore[arg-type]
+    told = instructions_message("c", "Answer like a pirate.", NOW)
+    turn, message = place(req(), [told, *HISTORY], NOW)
+    assert turn == 2 and message is not None  # the copy is no turn of the conversation
+    with_told = builder._build(req(), [told, *HISTORY], None, message)
+    without = builder._build(req(), HISTORY, None, message)
+    assert isinstance(with_told, Built) and isinstance(without, Built)
+    system = [m["content"] for m in with_told.window.fitted.messages if m["role"] == "system"]
+    assert system[0] == SYSTEM_PROMPT and system[1].endswith("Answer like a pirate.")
+    assert with_told.window.fitted.messages[2:] == without.window.fitted.messages[1:]
+    assert isinstance(with_told.window, Window) and len(with_told.window.ids) > len(without.window.ids)
+    api = builder._build(req(history=[]), [told, *HISTORY], None, message)  # a client-sent history: not applied
+    assert isinstance(api, Built) and not any("pirate" in m["content"] for m in api.window.fitted.messages)

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from infra.stores.accounts import User
 from infra.stores.conversations import Conversation
+from infra.stores.preferences import INSTRUCTIONS_ID, Prefs, instructions_in
 from producers.gateway import deletion, routes_conversations
 from producers.gateway.app import install_error_handlers
 from tests.fake_stores import FakeConversations, conversation
@@ -45,9 +46,18 @@ class Convs(FakeConversations):
 
 
 @dataclass
+class Saved:
+    """The preferences store's read: every user has custom instructions saved."""
+
+    async def get(self, user_id: str) -> Prefs:
+        return Prefs(f"Call me {user_id}.")
+
+
+@dataclass
 class Gateway:
     conversations: Convs = field(default_factory=lambda: Convs(conversation("c", "ann"), conversation("d", "ann"),
                                                                conversation("e", "bob"), conversation("p", "pat")))
+    preferences: Saved = field(default_factory=Saved)
 
     async def user_for_token(self, token: str) -> User | None:
         return TOKENS.get(token)
@@ -136,3 +146,14 @@ async def test_a_new_conversations_title_is_folded_to_one_line(client: Any) -> N
     r = await http.post("/v1/conversations", json={"title": "  Trip\n plans "}, headers=auth("ann"))
     assert r.status_code == 201
     assert gw.conversations.conversations[r.json()["conversation_id"]].title == "Trip plans"
+
+
+async def test_a_new_conversation_keeps_its_own_copy_of_the_instructions_unless_its_plan_keeps_nothing(
+        client: Any) -> None:
+    http, gw, _ = client
+    made = (await http.post("/v1/conversations", json={}, headers=auth("ann"))).json()["conversation_id"]
+    assert instructions_in(await gw.conversations.all_messages(made)) == "Call me ann."
+    [(key, copy)] = [(k, m) for k, m in gw.conversations.messages.items() if k[0] == made]
+    assert key == (made, -1, INSTRUCTIONS_ID) and copy.role == "system"
+    private = (await http.post("/v1/conversations", json={}, headers=auth("pat"))).json()["conversation_id"]
+    assert await gw.conversations.all_messages(private) == []

@@ -5,7 +5,7 @@ import { api, ApiError, whenSignedOut } from "./api.js";
 import { Chat } from "./chat.js";
 import { Drawer, Theme } from "./chrome.js";
 import { SearchBox } from "./search.js";
-import { defaultModel, SettingsDialog } from "./settings.js";
+import { defaultModel, loadAccount, SettingsDialog } from "./settings.js";
 import { ConversationMenu } from "./sharing.js";
 import { Sidebar } from "./sidebar.js";
 
@@ -101,7 +101,7 @@ function wireApp() {
   });
   menu = new ConversationMenu(() => shownConversation());
   new SettingsDialog({
-    user: () => me, models: () => models.items, serviceDefault: () => models.preferred,
+    models: () => models.items, serviceDefault: () => models.preferred,
     defaultChanged: (pool) => { if (!chat.conversationId) pick(pool); },
     deletedAll: () => {
       sidebar.reset().catch((err) => showBanner(describe(err)));
@@ -171,7 +171,7 @@ async function openFromAddress() {
   if (messageId) history.replaceState(null, "", `#/c/${encodeURIComponent(id)}`);
   else if (id === chat.conversationId && id !== null) return;
   $("banner").hidden = true;
-  if (!id && me) pick(defaultModel(me.user_id, models.preferred)); // a new chat starts on the default model
+  if (!id && me) pick(defaultModel(models.preferred)); // a new chat starts on the default model
   sidebar.setActive(id);
   setTitle(id ? sidebar.titleOf(id) : null);
   try {
@@ -191,9 +191,10 @@ async function send() {
 }
 
 async function loadModels() {
-  const { default: preferred, items } = await api("GET", "/v1/models");
+  // The account's default model too: a settings read that fails leaves the service's default.
+  const [{ default: preferred, items }] = await Promise.all([api("GET", "/v1/models"), loadAccount().catch(() => null)]);
   models = { preferred, items };
-  const start = defaultModel(me.user_id, preferred);
+  const start = defaultModel(preferred);
   const picker = $("model");
   picker.replaceChildren(...items.map(({ pool, model }) => {
     const option = document.createElement("option");

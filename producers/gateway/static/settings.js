@@ -1,25 +1,40 @@
-// The settings dialog: the model new chats start with (kept in this browser), what the plan keeps and for how
-// long, export or delete every conversation, and API tokens (list, make one — shown once — and revoke).
+// The settings dialog: the model new chats start with and custom instructions (both kept in the account, so
+// every device sees them), what the plan keeps and for how long, export or delete every conversation, and API
+// tokens (list, make one — shown once — and revoke).
 
 import { api } from "./api.js";
 import { button, el } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
 const DAY_S = 86_400;
+const MAX_INSTRUCTIONS = 4000;
+let account = null; // GET /v1/account as last read or saved
 
-// The model a new chat starts with: this browser's pick for this user, else the service's default.
-export function defaultModel(userId, serviceDefault) {
-  return localStorage.getItem(`parley-default-model:${userId}`) || serviceDefault;
+// The account's settings, read when the page signs in and again when the dialog opens.
+export async function loadAccount() {
+  account = null; // another user's, until this read answers
+  account = await api("GET", "/v1/account");
+  return account;
+}
+
+// The model a new chat starts with: the account's pick (the service's default until one is saved).
+export function defaultModel(serviceDefault) {
+  return account?.default_model || serviceDefault;
 }
 
 export class SettingsDialog {
-  // hooks: {user() -> {user_id}, models() -> [{pool, model}], serviceDefault() -> pool,
-  //         defaultChanged(pool), deletedAll(count)}
+  // hooks: {models() -> [{pool, model}], serviceDefault() -> pool, defaultChanged(pool), deletedAll(count)}
   constructor(hooks) {
     this.hooks = hooks;
     $("settings-open").addEventListener("click", () => this.open());
     $("settings-close").addEventListener("click", () => $("settings-dialog").close());
-    $("default-model").addEventListener("change", () => this.pickDefault($("default-model").value));
+    $("default-model").addEventListener("change", () => {
+      this.pickDefault($("default-model").value).catch((err) => this.say("model-note", err.message));
+    });
+    $("instructions").addEventListener("input", () => this.count());
+    $("instructions-save").addEventListener("click", () => {
+      this.saveInstructions().catch((err) => this.say("instructions-note", err.message));
+    });
     $("export-all").addEventListener("click", () => this.exportAll());
     $("delete-all").addEventListener("click", () => this.deleteAll().catch((err) => this.say("data-note", err.message)));
     $("token-form").addEventListener("submit", (e) => {
@@ -30,15 +45,15 @@ export class SettingsDialog {
   }
 
   async open() {
-    for (const id of ["data-note", "tokens-note", "token-new"]) $(id).hidden = true;
+    for (const id of ["data-note", "tokens-note", "token-new", "model-note", "instructions-note"]) $(id).hidden = true;
     this.fillModels();
     $("settings-dialog").showModal();
-    await Promise.all([this.showRetention().catch((err) => this.say("data-note", err.message)),
+    await Promise.all([this.showAccount().catch((err) => this.say("data-note", err.message)),
       this.listTokens().catch((err) => this.say("tokens-note", err.message))]);
   }
 
   fillModels() {
-    const current = defaultModel(this.hooks.user().user_id, this.hooks.serviceDefault());
+    const current = defaultModel(this.hooks.serviceDefault());
     $("default-model").replaceChildren(...this.hooks.models().map(({ pool, model }) => {
       const option = el("option");
       option.value = pool;
@@ -48,14 +63,35 @@ export class SettingsDialog {
     }));
   }
 
-  pickDefault(pool) {
-    localStorage.setItem(`parley-default-model:${this.hooks.user().user_id}`, pool);
+  async pickDefault(pool) {
+    account = await api("PATCH", "/v1/account", { default_model: pool });
+    this.say("model-note", "Saved: new chats start with this model.");
     this.hooks.defaultChanged(pool);
   }
 
-  async showRetention() {
-    const account = await api("GET", "/v1/account");
-    $("retention").textContent = retentionText(account);
+  async showAccount() {
+    const now = await loadAccount();
+    $("retention").textContent = retentionText(now);
+    this.fillModels();
+    const box = $("instructions");
+    box.value = now.instructions || "";
+    box.disabled = $("instructions-save").disabled = now.no_retention;
+    if (now.no_retention) this.say("instructions-note", "Your plan keeps nothing, so it cannot keep instructions.");
+    this.count();
+  }
+
+  count() {
+    const n = $("instructions").value.length;
+    $("instructions-count").textContent = `${n.toLocaleString("en")} / ${MAX_INSTRUCTIONS.toLocaleString("en")}`;
+  }
+
+  async saveInstructions() {
+    const text = $("instructions").value;
+    account = await api("PATCH", "/v1/account", { instructions: text });
+    $("instructions").value = account.instructions || "";
+    this.count();
+    this.say("instructions-note", account.instructions
+      ? "Saved: new chats follow these instructions." : "Erased: new chats have no custom instructions.");
   }
 
   exportAll() {
