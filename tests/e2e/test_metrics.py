@@ -17,9 +17,8 @@ from infra.local.report import render
 from tests.e2e.client import collect
 from tests.e2e.conftest import ARTIFACTS, Caller
 from tests.e2e.service import Service, free_port
+from tests.tools import missing
 
-pytestmark = pytest.mark.skipif(prometheus.find_binary() is None,
-                                reason="needs Debian's prometheus (`parley up --with-prometheus` installs it)")
 REPORT = ARTIFACTS / "metrics-report.png"
 NOTES = "Travel notes: " + " ".join(f"day {i}: we walked through the old town, ate bread and saw a museum."
                                     for i in range(1, 21))
@@ -28,6 +27,9 @@ NOTES = "Travel notes: " + " ".join(f"day {i}: we walked through the old town, a
 @pytest.fixture(scope="module")
 def prom(service: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A private Prometheus on a free port scraping this service's gateways, stages and workers."""
+    binary = prometheus.find_binary()
+    if binary is None:
+        missing("Debian's prometheus", "apt-get install --no-install-recommends prometheus")
     home = tmp_path_factory.mktemp("prometheus")
     port = free_port()
     settings = service.settings.with_(state_dir=home, ports=service.settings.ports.__class__(
@@ -42,7 +44,7 @@ def prom(service: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     data["global"]["evaluation_interval"] = "2s"
     config.write_text(json.dumps(data))
     log = (home / "prometheus.log").open("wb")
-    proc = subprocess.Popen(list(prometheus.command(str(prometheus.find_binary()), settings, config)),
+    proc = subprocess.Popen(list(prometheus.command(binary, settings, config)),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -70,6 +72,13 @@ async def _value(base: str, expr: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+async def _count(base: str, expr: str) -> float:
+    """A counter's sum now: 0 while no process has counted one yet."""
+    value = await _value(base, f"({expr}) or vector(0)")
+    assert value is not None
+    return value
+
+
 async def _until(base: str, expr: str, ok, timeout: float = 60) -> float:  # type: ignore[no-untyped-def]
     deadline = time.time() + timeout
     value = None
@@ -90,13 +99,32 @@ async def _chat(http: httpx.AsyncClient, caller: Caller, conversation: str, text
 
 async def test_watch_list_reads_back_through_promql(service: Service, prom: str, http: httpx.AsyncClient,
                                                     alice: Caller, bob: Caller) -> None:
-    # The service is shared with the other e2e tests (some of which are flagged on purpose): counters are read
-    # against where they stood when every target had been scraped once.
+    # The service is shared with the other e2e tests (some of which are flagged on purpose): every counter is
+    # read once every target has been scraped, and what this test's traffic did is the difference from there.
     targets = 3 + sum(1 for n in service.metrics_ports if n.startswith("worker-"))
     await _until(prom, "count(up == 1)", lambda v: v >= targets)
-    blocks_before = await _value(prom, "sum(parley_safety_blocks_total) or vector(0)")
-    not_routed = 'sum(parley_scheduler_decisions_total{outcome!="routed"}) or vector(0)'
-    not_routed_before = await _value(prom, not_routed)
+    counters = {
+        "ttft_paid": 'sum(parley_gateway_ttft_seconds_count{plan="paid"})',
+        "tokens_free": 'sum(parley_gateway_completion_tokens_total{plan="free"})',
+        "queued": "sum(parley_worker_queue_seconds_count)",
+        "cached_large": 'sum(parley_worker_cached_prompt_tokens_total{pool="large"})',
+        "decisions": "sum(parley_scheduler_decisions_total)",
+        "not_routed": 'sum(parley_scheduler_decisions_total{outcome!="routed"})',
+        "cost": "sum(parley_worker_cost_usd_total)",
+        "worker_replies": "sum(parley_worker_replies_total)",
+        "reconnects_free": 'sum(parley_gateway_stream_reconnects_total{plan="free"})',
+        "input_checks": 'sum(parley_safety_checks_total{check="input"})',
+        "blocks": "sum(parley_safety_blocks_total)",
+        **{stage: f'sum(parley_stage_records_total{{stage="{stage}"}})'
+           for stage in ("admission", "prompt", "scheduler", "persistence", "settlement")},
+    }
+    before = {name: await _count(prom, expr) for name, expr in counters.items()}
+
+    async def grew(name: str, by: float) -> float:
+        """Wait for a counter to rise ``by`` (or more) above where it stood; how much it rose."""
+        expr = f"({counters[name]}) or vector(0)"
+        return await _until(prom, expr, lambda v: v - before[name] >= by) - before[name]
+
     replies = 0
     for caller in (alice, bob):
         conv = (await http.post("/v1/conversations", headers=caller.headers)).json()["conversation_id"]
@@ -112,34 +140,34 @@ async def test_watch_list_reads_back_through_promql(service: Service, prom: str,
                            params={"after": str(frames[0].id)}) as r:
         assert (await collect(r))[-1].event == "message_end"
 
-    # TTFT end to end, by plan: every reply counted, and a p95 that is a real duration.
-    assert await _until(prom, 'sum(parley_gateway_ttft_seconds_count{plan="paid"})', lambda v: v >= 2) >= 2
+    # TTFT end to end, by plan: alice's (paid) two replies counted, and a p95 that is a real duration.
+    assert await grew("ttft_paid", 2) >= 2
     p95 = await _until(prom, 'max(histogram_quantile(0.95, sum by (le, plan) '
                              '(rate(parley_gateway_ttft_seconds_bucket[10m]))))', lambda v: v > 0)
     assert 0 < p95 < 120
-    # Tokens/s by plan, queue time, KV-cache use, prefix-cache hits.
-    assert await _until(prom, 'sum by (plan) (rate(parley_gateway_completion_tokens_total{plan="free"}[10m]))',
-                        lambda v: v > 0) > 0
-    assert await _until(prom, "sum(parley_worker_queue_seconds_count)", lambda v: v >= replies) >= replies
+    # Tokens by plan (bob is free), queue time, KV-cache use, prefix-cache hits (alice's second turn, large).
+    assert await grew("tokens_free", 1) >= 1
+    assert await grew("queued", replies) >= replies
     assert await _until(prom, "max(max_over_time(parley_worker_kv_cache_usage_ratio[1m]))", lambda v: v >= 0) <= 1
-    assert await _until(prom, 'sum(parley_worker_cached_prompt_tokens_total{pool="large"})', lambda v: v > 0) > 0
-    # Fallback rate (nothing overflowed here: 0 of the decisions), cost per 1,000 replies, lag, reservations.
-    assert await _until(prom, "sum(parley_scheduler_decisions_total)", lambda v: v >= replies) >= replies
-    assert await _value(prom, not_routed) == not_routed_before
-    cost = await _until(prom, "1000 * sum(parley_worker_cost_usd_total) / sum(parley_worker_replies_total)",
-                        lambda v: v > 0)
+    assert await grew("cached_large", 1) > 0
+    # Fallback rate (nothing overflowed here: 0 of this test's decisions), cost per 1,000 replies, lag,
+    # reservations.
+    assert await grew("decisions", replies) >= replies
+    assert await _count(prom, counters["not_routed"]) == before["not_routed"]
+    finished = await grew("worker_replies", replies)
+    cost = 1000 * await grew("cost", 1e-9) / finished
     assert 0 < cost < 1000  # a few seconds of busy time at $2.50/hour, per reply
     prefix = service.settings.topic_prefix
     assert await _until(prom, f'sum(parley_kafka_consumer_lag_records{{group="{prefix}admission"}})',
                         lambda v: v == 0) == 0
     assert await _until(prom, "parley_reservations_outstanding", lambda v: v >= 0) >= 0
-    assert await _until(prom, 'sum(parley_gateway_stream_reconnects_total{plan="free"})', lambda v: v >= 1) >= 1
-    # Safety: every message went through the input check, every reply through the output check.
-    assert await _until(prom, 'sum(parley_safety_checks_total{check="input"})', lambda v: v >= replies) >= replies
-    assert await _value(prom, "sum(parley_safety_blocks_total) or vector(0)") == blocks_before  # nothing flagged
+    assert await grew("reconnects_free", 1) >= 1
+    # Safety: every message went through the input check, and none of this test's was flagged.
+    assert await grew("input_checks", replies) >= replies
+    assert await _count(prom, counters["blocks"]) == before["blocks"]
     # Every stage of the stages process is labelled and counted.
     for stage in ("admission", "prompt", "scheduler", "persistence", "settlement"):
-        assert await _until(prom, f'sum(parley_stage_records_total{{stage="{stage}"}})', lambda v: v > 0) > 0
+        assert await grew(stage, 1) >= 1
 
     counts = render(prom, REPORT, minutes=5)
     assert REPORT.stat().st_size > 10_000
