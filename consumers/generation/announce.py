@@ -38,26 +38,32 @@ class ReplicaAnnounced(msgspec.Struct, frozen=True, kw_only=True):
     active: int
     prefixes: list[int] | None = None
     at: float = 0.0
+    # The pool whose engine this worker runs, when it is not the announced pool's own: a worker standing in for a
+    # pool with no replica left (consumers/generation/standin.py). "": one of the pool's own replicas.
+    stand_in_from: str = ""
 
 
 def announcement(worker_id: str, assignment: Collection[Any], active: int, engine: Any,
-                 now: float | None = None) -> ReplicaAnnounced:
+                 now: float | None = None, stand_in_from: str = "") -> ReplicaAnnounced:
     partitions: dict[str, list[int]] = {}
     for tp in sorted(assignment, key=lambda tp: (tp.topic, tp.partition)):
         partitions.setdefault(tp.topic, []).append(tp.partition)
     held = getattr(engine, "held_prefixes", None)
     return ReplicaAnnounced(worker_id=worker_id, partitions=partitions, active=active,
-                            prefixes=held() if held is not None else None, at=time.time() if now is None else now)
+                            prefixes=held() if held is not None else None, at=time.time() if now is None else now,
+                            stand_in_from=stand_in_from)
 
 
 class Announcer:
     def __init__(self, redis: Any, group: str, worker_id: str, consumer: Any, engine: Any,
-                 active: Callable[[], int]) -> None:
+                 active: Callable[[], int], stand_in_from: str = "") -> None:
         self.redis, self.group, self.worker_id = redis, group, worker_id
         self.consumer, self.engine, self.active = consumer, engine, active
+        self.stand_in_from = stand_in_from
 
     async def once(self) -> None:
-        event = announcement(self.worker_id, self.consumer.assignment(), self.active(), self.engine)
+        event = announcement(self.worker_id, self.consumer.assignment(), self.active(), self.engine,
+                             stand_in_from=self.stand_in_from)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.replica(self.group, self.worker_id), msgspec.json.encode(event), ex=keys.REPLICA_TTL_S)
             pipe.sadd(keys.replicas(self.group), self.worker_id)
@@ -75,3 +81,12 @@ class Announcer:
                 await self.redis.delete(keys.replica(self.group, self.worker_id))
                 await self.redis.srem(keys.replicas(self.group), self.worker_id)
             log.info("worker %s withdrew its announcement from %s", self.worker_id, self.group)
+
+
+async def own_replicas(redis: Any, group: str) -> int:
+    """How many of a pool's own replicas (not stand-ins) have a live announcement: one set read and one MGET."""
+    members = [m.decode() if isinstance(m, bytes) else m for m in await redis.smembers(keys.replicas(group))]
+    if not members:
+        return 0
+    values = await redis.mget([keys.replica(group, m) for m in members])
+    return sum(1 for v in values if v is not None and not msgspec.json.decode(v, type=ReplicaAnnounced).stand_in_from)

@@ -107,8 +107,10 @@ class GenerationWorker:
                  worker_id: str | None = None, metrics_port: int | None = None,
                  on_ready: Any = None, classifier: Any = None, metrics_host: str = "127.0.0.1",
                  sealer: Sealer | None = None, plans: dict[str, Plan] | None = None,
-                 flush: FlushPolicy = FlushPolicy()) -> None:
-        self.on_ready, self.sealer, self.flush = on_ready, sealer, flush
+                 flush: FlushPolicy = FlushPolicy(), stand_in_from: str = "") -> None:
+        """``stand_in_from``: the pool whose engine this worker runs when it stands in for ``limits.pool``
+        (consumers/generation/standin.py); "" for one of the pool's own replicas."""
+        self.on_ready, self.sealer, self.flush, self.stand_in_from = on_ready, sealer, flush, stand_in_from
         self.sealing: set[str] = set()  # generations whose request came sealed: their tokens leave sealed
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
         self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"
@@ -150,7 +152,7 @@ class GenerationWorker:
         stats = asyncio.create_task(self._stats_loop(), name="stats")
         alive = asyncio.create_task(self._alive_loop(), name="alive")
         announce = asyncio.create_task(Announcer(self.redis, self.group, self.worker_id, self.consumer, self.engine,
-                                                 lambda: len(self.active)).run(), name="announce")
+                                                 lambda: len(self.active), self.stand_in_from).run(), name="announce")
         log.info("worker %s serving pool %s, capacity %d, metrics on port %s", self.worker_id, self.limits.pool,
                  self.capacity, self.metrics_port)
         if self.on_ready is not None:
@@ -168,7 +170,7 @@ class GenerationWorker:
     def stop(self) -> None:
         self._stopping.set()
 
-    def _engine_died(self, exc: EngineDead) -> None:
+    def engine_died(self, exc: EngineDead) -> None:
         """The engine is gone (its process killed, out of memory): failing every request it is handed would
         drain the queues into failed replies. The worker stops instead, leaving them uncommitted; its
         supervisor starts it again (``engine_failure`` makes the exit non-zero) and the pool's other replicas
@@ -296,7 +298,7 @@ class GenerationWorker:
             raise
         except EngineDead as exc:
             done = False  # uncommitted: resumed from its saved tokens by the restarted worker or another replica
-            self._engine_died(exc)
+            self.engine_died(exc)
         except Exception:  # noqa: BLE001 - one bad request must not take the worker down
             log.exception("request at %s failed outside the engine", key)
         finally:

@@ -101,6 +101,10 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # How the scheduler picks a replica (consumers/scheduler/placement.py): random, conversation (consistent
     # hashing with bounded loads) or cache-aware (the replica holding most of the prompt, mixed with its queue).
     routing: Literal["random", "conversation", "cache-aware"] = "conversation"
+    # Pools whose workers may take this pool's generations over once none of its own replicas is left
+    # (consumers/generation/standin.py): they must serve the same model with the same tokenizer (model folder,
+    # served name, engine) and a context at least as long, so a reply resumed there reads the same token ids.
+    compatible: tuple[str, ...] = ()
 
     @property
     def tool_choices(self) -> tuple[str, ...]:
@@ -138,10 +142,38 @@ def load_pools(settings: Settings, *, on_gpu: bool | None = None) -> dict[str, P
     defaults, tables = _read_file(path)
     overrides = _env_overrides(settings.pool_overrides, list(tables), str(path))
     on_gpu = shutil.which("nvidia-smi") is not None if on_gpu is None else on_gpu
-    return {
+    pools = {
         name: _build(name, {**defaults, **table, **overrides.get(name, {})}, settings, path, on_gpu)
         for name, table in tables.items()
     }
+    for pool in pools.values():
+        _check_compatible(pool, pools, path)
+    return pools
+
+
+def stand_ins_for(pools: dict[str, PoolConfig], pool: str) -> list[str]:
+    """The pools whose generations a worker of ``pool`` may take over (those that declare it compatible)."""
+    return sorted(name for name, other in pools.items() if pool in other.compatible)
+
+
+def _check_compatible(pool: PoolConfig, pools: dict[str, PoolConfig], path: Path) -> None:
+    """A compatible pool resumes this pool's replies from their saved token ids: the same model and tokenizer
+    (model folder, served name, engine) and room for every prompt this pool admits."""
+    for name in pool.compatible:
+        other = pools.get(name)
+        if other is None or other is pool:
+            raise PoolConfigError(f"pool {pool.name!r} in {path}: compatible names {name!r}, which is "
+                                  + ("the pool itself" if other is pool else
+                                     f"no pool; pools: {', '.join(sorted(pools))}"))
+        differ = [field for field in ("model_dir", "served_model_name", "engine")
+                  if getattr(other, field) != getattr(pool, field)]
+        if differ:
+            raise PoolConfigError(f"pool {pool.name!r} in {path}: compatible pool {name!r} must serve the same "
+                                  f"model with the same tokenizer, and these differ: {', '.join(differ)} (take it "
+                                  "out of compatible when the pools serve different models)")
+        if other.max_model_len < pool.max_model_len:
+            raise PoolConfigError(f"pool {pool.name!r} in {path}: compatible pool {name!r} has a context of "
+                                  f"{other.max_model_len} tokens, shorter than this pool's {pool.max_model_len}")
 
 
 def pool_config(name: str, pools: dict[str, PoolConfig], source: str = str(DEFAULT_FILE)) -> PoolConfig:
@@ -234,4 +266,5 @@ __all__ = [
     "load_pool",
     "load_pools",
     "pool_config",
+    "stand_ins_for",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from typing import Any
 
 from consumers.generation.coalescing import FlushPolicy
 from consumers.generation.decisions import Limits
@@ -37,6 +38,7 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
     from consumers.generation.engine import VllmEngine
     from consumers.generation.sim_engine import SimEngine
     from consumers.safety.classifier import EmbeddedClassifier
+    from infra.config.pools import load_pools
     from infra.config.safety import RulesFile
     from infra.stores.sealing import configured
     from infra.stores.session import AsyncSession, connect
@@ -57,11 +59,43 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
+    standing = _stand_ins(settings, load_pools(settings), pool, engine, worker, classifier, args.capacity)
     try:
         await worker.run()
     finally:
+        if standing is not None:
+            standing.cancel()
+            await asyncio.gather(standing, return_exceptions=True)  # each stand-in stopped, its group left
         await engine.close()
         cluster.shutdown()
     if worker.engine_failure is not None:
         raise SystemExit(f"worker {worker.worker_id}: the engine died ({worker.engine_failure}); exiting so its "
                          "supervisor starts it again")
+
+
+def _stand_ins(settings: Settings, pools: dict[str, Any], pool: Any, engine: Any, worker: GenerationWorker,
+               classifier: Any, capacity: int | None) -> asyncio.Task[None] | None:
+    """The watch that stands this worker in for a pool that declares its pool compatible and has no replica
+    left (consumers/generation/standin.py); None when no pool does."""
+    import redis.asyncio as aioredis
+
+    from consumers.generation.standin import StandIns
+    from infra.config.pools import stand_ins_for
+    from topics import Topics
+    from topics.catalogue import GENERATION
+
+    covered = stand_ins_for(pools, pool.name)
+    if not covered:
+        return None
+    topics = Topics(settings.topic_prefix)
+
+    def make(name: str) -> GenerationWorker:
+        other = pools[name]
+        return GenerationWorker(settings, Limits(name, other.served_model_name, other.max_model_len), engine,
+                                capacity or pool.held_requests, worker_id=f"{worker.worker_id}+{name}",
+                                classifier=classifier, sealer=worker.sealer, stand_in_from=pool.name,
+                                flush=FlushPolicy(other.flush_ms / 1000, other.flush_tokens))
+
+    watch = StandIns(aioredis.Redis.from_url(settings.redis_url),
+                     {name: topics.group(GENERATION, name) for name in covered}, make, worker.engine_died)
+    return asyncio.create_task(watch.run(), name="stand-ins")

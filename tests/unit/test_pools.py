@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.config.pools import PoolConfig, PoolConfigError, UnknownPoolError, load_pools, pool_config
+from infra.config.pools import PoolConfig, PoolConfigError, UnknownPoolError, load_pools, pool_config, stand_ins_for
 from infra.config.settings import Settings
 from infra.local.model import MODEL_NAME
 
@@ -103,3 +103,42 @@ def test_bad_files_are_explained(settings: Settings, tmp_path: Path, text: str, 
 def test_missing_file_is_explained(settings: Settings, tmp_path: Path) -> None:
     with pytest.raises(PoolConfigError, match="does not exist"):
         _load(settings, {"PARLEY_POOLS_FILE": str(tmp_path / "nope.toml")}, on_gpu=False)
+
+
+def test_large_declares_small_compatible_and_small_workers_stand_in_for_it(settings: Settings) -> None:
+    pools = _load(settings, {}, on_gpu=False)
+
+    assert pools["large"].compatible == ("small",) and pools["small"].compatible == ()
+    assert stand_ins_for(pools, "small") == ["large"] and stand_ins_for(pools, "large") == []
+
+
+COMPATIBLE = '[defaults]\nmax_num_seqs = 1\nserved_model_name = "m"\n\n[pools.a]\ncompatible = ["b"]\n\n[pools.b]\n'
+
+
+@pytest.mark.parametrize(("b", "message"), [
+    ("", None),  # the same model, tokenizer and context: accepted
+    ("max_model_len = 4096\n", None),  # a longer context holds every prompt a admits
+    ('served_model_name = "other"\n', "these differ: served_model_name"),
+    ('model_dir = "elsewhere"\n', "these differ: model_dir"),
+    ('engine = "sim"\n', "these differ: engine"),
+    ("max_model_len = 1024\n", "context of 1024 tokens, shorter than this pool's 2048"),
+])
+def test_a_compatible_pool_must_serve_the_same_model_with_room_for_the_prompts(
+        settings: Settings, tmp_path: Path, b: str, message: str | None) -> None:
+    path = tmp_path / "pools.toml"
+    path.write_text(COMPATIBLE + b)
+    if message is None:
+        assert stand_ins_for(_load(settings, {"PARLEY_POOLS_FILE": str(path)}, on_gpu=False), "b") == ["a"]
+        return
+    with pytest.raises(PoolConfigError, match=f"pool 'a'.*compatible pool 'b' .*{message}"):
+        _load(settings, {"PARLEY_POOLS_FILE": str(path)}, on_gpu=False)
+
+
+@pytest.mark.parametrize(("names", "message"), [('["c"]', "names 'c', which is no pool; pools: a, b"),
+                                                ('["a"]', "names 'a', which is the pool itself")])
+def test_compatible_names_another_pool_that_exists(settings: Settings, tmp_path: Path, names: str,
+                                                   message: str) -> None:
+    path = tmp_path / "pools.toml"
+    path.write_text(COMPATIBLE.replace('["b"]', names))
+    with pytest.raises(PoolConfigError, match=message):
+        _load(settings, {"PARLEY_POOLS_FILE": str(path)}, on_gpu=False)
