@@ -1,7 +1,8 @@
 """Delete, rename and retention through the whole service: a delete mid-reply stops it and hides the
 conversation everywhere at once, the purge leaves no row and no Redis key, the Kafka copies stay
 ciphertext nobody can open, no sent phrase is in clear in Cassandra's or Kafka's files or in any log,
-a no-retention user streams and resumes but leaves no text, and nobody deletes what is not theirs."""
+a no-retention user streams and resumes but leaves no text, nobody deletes what is not theirs, and custom
+instructions are sealed, reach new conversations' prompts and go with their deletion."""
 from __future__ import annotations
 
 import asyncio
@@ -18,13 +19,14 @@ import pytest
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.crypto import KeyGone
+from infra.stores.preferences import key_id
 from infra.stores.sealing import Sealer, configured, is_sealed
 from producers.gateway.responses_compat import generation_of as rc_generation
 from schemas import ALL_EVENTS, ConversationPurged, EventDecodeError, decode
 from tests.e2e.client import collect, frames, text_of
 from tests.e2e.conftest import Caller, eventually
 from tests.e2e.service import Service
-from tests.e2e.test_chat import new_conversation, send
+from tests.e2e.test_chat import history, new_conversation, send
 from topics import Topics
 from topics.clients import make_consumer
 
@@ -222,6 +224,58 @@ async def test_rename_and_delete_every_conversation_of_an_account(http: httpx.As
     assert (await http.get(f"/v1/conversations/{theirs}/messages", headers=bob.headers)).status_code == 200
 
 
+async def prompt_tokens(http: httpx.AsyncClient, who: Caller, cid: str) -> int:
+    """The prompt tokens of the conversation's first reply, as its worker counted them, once it is saved."""
+    async def saved() -> int | None:
+        replies = [m for m in await history(http, who, cid) if m["role"] == "assistant" and m["status"] == "complete"]
+        return replies[0]["usage"]["in"] if replies and replies[0]["usage"]["in"] else None
+    tokens = await eventually(saved, 60)
+    assert tokens, cid
+    return int(tokens)
+
+
+async def test_custom_instructions_are_sealed_reach_new_prompts_and_go_with_deletion(
+        service: Service, http: httpx.AsyncClient, alice: Caller, db: Any, sealer: Sealer) -> None:
+    secret = phrase()
+    told = f"My name is {secret}. Greet me by my name, briefly."
+    before = await new_conversation(http, alice)  # made before the instructions: no copy
+    r = await http.patch("/v1/account", headers=alice.headers, json={"instructions": told})
+    assert r.status_code == 200 and r.json()["instructions"] == told, r.text
+    cid = await new_conversation(http, alice)
+    for c in (before, cid):
+        text_of(await send(http, alice, c, "Say hello."))
+    # 1. The prompt carries them: the same message costs their tokens more.
+    plain, instructed = await prompt_tokens(http, alice, before), await prompt_tokens(http, alice, cid)
+    assert instructed >= plain + len(told.split()), (plain, instructed)
+    # 2. Stored sealed: the account's row under a key of its own, the conversation's copy under the conversation's.
+    row = (await db.execute("SELECT instructions FROM preferences WHERE user_id = ?", (alice.user_id,)))[0]
+    assert is_sealed(row.instructions) and secret not in row.instructions
+    assert await sealer.open_text(key_id(alice.user_id), row.instructions) == told
+    copies = {c: await db.execute("SELECT role, content FROM messages WHERE conversation_id = ? AND turn = -1", (c,))
+              for c in (before, cid)}
+    assert copies[before] == [] and [c.role for c in copies[cid]] == ["system"]
+    assert is_sealed(copies[cid][0].content) and secret not in copies[cid][0].content
+    assert await sealer.open_text(cid, copies[cid][0].content) == told
+    # 3. Not a message of the conversation: neither listed nor exported.
+    assert [m["role"] for m in await history(http, alice, cid)] == ["user", "assistant"]
+    exported = await http.get(f"/v1/conversations/{cid}/export", params={"format": "json"}, headers=alice.headers)
+    assert exported.status_code == 200 and secret not in exported.text
+    # 4. Deleted, the conversation's copy goes with its key and its rows.
+    assert (await http.delete(f"/v1/conversations/{cid}", headers=alice.headers)).status_code == 204
+
+    async def purged() -> bool:
+        return not await rows_of(db, cid)
+    assert await eventually(purged, 60), await rows_of(db, cid)
+    # 5. Erased from the account: the text and the key that sealed it.
+    r = await http.patch("/v1/account", headers=alice.headers, json={"instructions": None})
+    assert r.status_code == 200 and r.json()["instructions"] is None
+    row = (await db.execute("SELECT instructions FROM preferences WHERE user_id = ?", (alice.user_id,)))[0]
+    assert row.instructions is None
+    assert not await db.execute("SELECT * FROM conversation_keys WHERE conversation_id = ?", (key_id(alice.user_id),))
+    after = await new_conversation(http, alice)
+    assert not await db.execute("SELECT * FROM messages WHERE conversation_id = ?", (after,))
+
+
 def grep(needle: str, paths: list[Path]) -> bool:
     existing = [str(p) for p in paths if p.exists()]
     if not existing:
@@ -352,7 +406,10 @@ async def test_a_phrase_sent_by_every_route_is_sealed_in_every_store(
                                                         {"role": "user", "content": f"Hello {secret}"}]})
     assert r.status_code == 200, r.text
     completed = r.headers["X-Conversation-Id"]
-    ours = {titled, cid, responded, completed}
+    r = await http.patch("/v1/account", headers=alice.headers, json={"instructions": f"Call me {secret}."})
+    assert r.status_code == 200, r.text
+    instructed = await new_conversation(http, alice)  # its own copy of the instructions
+    ours = {titled, cid, responded, completed, instructed}
     await asyncio.sleep(3)  # persistence, the index and the title
     # Each was stored and reads back in clear to its owner: the phrase is there, only sealed.
     again = (await http.get(f"/v1/responses/{response_id}", headers=alice.headers)).json()
@@ -388,7 +445,9 @@ async def test_a_phrase_sent_by_every_route_is_sealed_in_every_store(
     opened_rows = [(t, row.conversation_id, await opened_row(sealer, row)) for t, row in mine]
     holding = {(t, c) for t, c, text in opened_rows if secret in text}
     assert {("conversations", titled), ("conversations", cid), ("messages", cid), ("messages", responded),
-            ("messages", completed)} <= holding, sorted(holding)
+            ("messages", completed), ("messages", instructed)} <= holding, sorted(holding)
+    [prefs] = [row for t, row in rows if t == "preferences" and row.user_id == alice.user_id]
+    assert await sealer.open_text(key_id(alice.user_id), prefs.instructions) == f"Call me {secret}."
 
     # 4. Kafka: every record of every topic, keys and headers too; opening our events gives the phrase back.
     records = await kafka_dump(service.settings)
@@ -430,4 +489,5 @@ async def test_no_sent_phrase_is_in_clear_in_any_file_or_log(service: Service, h
     if len(piece) >= 12:
         assert not grep(piece, kafka), (piece, grep_files(piece, kafka))
     logs = list(service.log_dir.glob("*.log"))
-    assert logs and all(not grep(p, logs) for p in SENT), "a sent phrase is in a log"
+    assert logs and grep(cid, logs)  # the logs carry ids (a control: the grep reads them)
+    assert all(not grep(p, logs) for p in SENT), "a sent phrase is in a log"
