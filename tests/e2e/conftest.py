@@ -12,6 +12,7 @@ import pytest
 
 from infra.config.settings import Settings
 from tests.e2e.service import Service, launch
+from tests.tools import missing
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
@@ -55,7 +56,7 @@ async def browser() -> AsyncIterator[Any]:
     from tests.e2e.browser import ARGS, CHROMIUM
 
     if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed (`infra/parley test` installs it: apt-get install chromium)")
+        missing("Debian's chromium", "apt-get install chromium")
     from playwright.async_api import async_playwright
 
     async with async_playwright() as pw:

@@ -35,6 +35,7 @@ from schemas import (
     decode,
 )
 from tests.integration.gateway_server import free_port, serve_app
+from tests.tools import missing
 from topics import Topics
 from topics.clients import make_consumer, make_producer, send, topic_partitions
 from topics.partitioning import partition_for
@@ -209,7 +210,7 @@ def haproxy(pair: Pair, tmp_path: Path) -> Iterator[str]:
     """Debian's HAProxy in front of the pair, with the config `parley up --gateways 2` writes."""
     binary = balancer.find_binary()
     if binary is None:
-        pytest.skip("haproxy is not installed (infra/parley test installs Debian's package)")
+        missing("haproxy", "apt-get install --no-install-recommends haproxy")
     settings = pair.settings.with_(state_dir=tmp_path, ports=dataclasses.replace(pair.settings.ports,
                                                                                   gateway=free_port()))
     path = tmp_path / "haproxy.cfg"
