@@ -56,10 +56,16 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
                               on_ready=lambda w: print(f"worker ready pool={pool.name} "  # type: ignore[attr-defined]
                                                        f"metrics_port={w.metrics_port}", flush=True))
     worker.sealer.keys.start()  # heard from the first request on, so a live key is read once
+    standing = _stand_ins(settings, load_pools(settings), pool, engine, worker, classifier, args.capacity)
+
+    def stop() -> None:
+        if standing is not None:
+            standing.cancel()  # first: a pool whose workers stop at the same time is not stood in for
+        worker.stop()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stop)
-    standing = _stand_ins(settings, load_pools(settings), pool, engine, worker, classifier, args.capacity)
+        loop.add_signal_handler(sig, stop)
     try:
         await worker.run()
     finally:
