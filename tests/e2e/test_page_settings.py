@@ -1,4 +1,5 @@
-"""The page's settings, in a browser against the whole service: the model new chats start with, the plan's
+"""The page's settings, in a browser against the whole service: the model new chats start with (kept in the
+account: another browser starts with it too), custom instructions that new chats' prompts carry, the plan's
 retention, export and delete of every conversation, and API tokens made (shown once), used and revoked.
 At phone size every control in the dialog is a 44 px target. Screenshots go to tests/artifacts/screenshots/."""
 from __future__ import annotations
@@ -8,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.browser import Page, open_drawer, shot, sign_in, until
+from tests.e2e.browser import Page, conversation_id, open_drawer, saved_replies, send, shot, sign_in, until, wait_done
 from tests.e2e.conftest import Caller
 from tests.e2e.test_page_phone import PHONE, small_targets
 from tests.e2e.test_page_privacy import answer_dialogs
@@ -39,6 +40,7 @@ async def test_default_model_tokens_export_and_delete_all(make_page: Page, http:
 
     # The default model: new chats start with it, also after a reload.
     await page.locator("#default-model").select_option("small")
+    await until(page, "document.querySelector('#model-note').textContent.startsWith('Saved')")  # in the account
     assert await page.locator("#model").input_value() == "small"  # no conversation open: this one too
     await page.locator("#settings-close").click()
     await page.locator(f"#conversation-list a[href='#/c/{ids[0]}']").click()
@@ -48,6 +50,11 @@ async def test_default_model_tokens_export_and_delete_all(make_page: Page, http:
     await page.reload()
     await page.locator("#app").wait_for(state="visible")
     await until(page, "document.querySelector('#model').value === 'small'", 10)
+    assert (await http.get("/v1/account", headers=alice.headers)).json()["default_model"] == "small"
+    elsewhere = await make_page("desktop")  # another browser: nothing of the first one's storage
+    await sign_in(elsewhere, alice)
+    assert await elsewhere.locator("#model").input_value() == "small"
+    await elsewhere.context.close()
 
     # An API token: made and shown once, it works; revoked, it stops at once.
     await open_settings(page)
@@ -92,3 +99,47 @@ async def test_settings_on_a_phone_are_all_44px_taps(make_page: Page, bob: Calle
       .getBoundingClientRect(); return r.width && (r.left < d.left || r.right > d.right); }).map((e) => e.id
       || e.className)""") == []  # nothing sticks out of the dialog
     await shot(page, "settings-02-phone")
+
+
+PIRATE = "Talk like a pirate in every answer, and end each reply with the word Arr."
+
+
+async def test_custom_instructions_reach_new_chats_and_can_be_erased(make_page: Page, http: httpx.AsyncClient,
+                                                                     alice: Caller) -> None:
+    page = await make_page("desktop")
+    await sign_in(page, alice)
+    await send(page, "Name a fruit.")
+    await wait_done(page)
+    before = await conversation_id(page)
+    [plain] = await saved_replies(http, alice, before)
+
+    await open_settings(page)
+    assert await page.locator("#instructions").input_value() == ""
+    await page.locator("#instructions").fill(PIRATE)
+    assert await page.locator("#instructions-count").inner_text() == f"{len(PIRATE)} / 4,000"
+    await page.locator("#instructions-save").click()
+    await until(page, "document.querySelector('#instructions-note').textContent.startsWith('Saved')")
+    assert (await http.get("/v1/account", headers=alice.headers)).json()["instructions"] == PIRATE
+    await shot(page, "settings-00-instructions")
+    await page.locator("#settings-close").click()
+
+    # A new chat's prompt carries them: the same question costs their tokens more; the page shows no extra message.
+    await page.locator("#new-chat").click()
+    await until(page, "!location.hash.startsWith('#/c/') && !document.querySelector('.msg')", 10)
+    await send(page, "Name a fruit.")
+    await wait_done(page)
+    after = await conversation_id(page)
+    assert after != before
+    [told] = await saved_replies(http, alice, after)
+    assert told["usage"]["in"] >= plain["usage"]["in"] + len(PIRATE.split()), (plain["usage"], told["usage"])
+    listed = (await http.get(f"/v1/conversations/{after}/messages", headers=alice.headers)).json()["items"]
+    assert [m["role"] for m in listed] == ["user", "assistant"]
+    assert await page.locator(".msg").count() == 2
+
+    # Reopened, the dialog shows them (read from the account); emptied and saved, they are erased.
+    await open_settings(page)
+    await until(page, f"document.querySelector('#instructions').value === {PIRATE!r}", 10)
+    await page.locator("#instructions").fill("")
+    await page.locator("#instructions-save").click()
+    await until(page, "document.querySelector('#instructions-note').textContent.startsWith('Erased')")
+    assert (await http.get("/v1/account", headers=alice.headers)).json()["instructions"] is None
