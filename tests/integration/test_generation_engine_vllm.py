@@ -13,8 +13,9 @@ import pytest
 from consumers.generation.engine import RequestRejected, StepOutput, VllmEngine
 from infra.config.settings import Settings
 from infra.local.model import ready_pool as load_pool
+from tests.tools import needs_engine
 
-pytest.importorskip("vllm")
+needs_engine()
 pytestmark = pytest.mark.vllm
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer briefly."}]

@@ -13,8 +13,9 @@ from consumers.safety.pool_classifier import PoolClassifier
 from infra.config.safety import RulesFile
 from infra.config.settings import Settings
 from infra.local.model import ready_pool
+from tests.tools import needs_engine
 
-pytest.importorskip("vllm")
+needs_engine()
 pytestmark = pytest.mark.vllm
 RULES = Path(__file__).with_name("data") / "safety.toml"
 
