@@ -3,7 +3,8 @@ its own state folder, started and stopped by the project's own `parley up` / `pa
 only ever injected here, never into the shared backbone (9092/9042/6379).
 
 One worker pool (`small`) keeps the start-up bounded; every process runs under `parley supervise`, the
-backbone included. A fault test that wants a second replica of the pool starts one (``second_worker``).
+backbone included. A fault test that wants a second replica of the pool starts one (``second_worker``), and one
+that wants a compatible pool starts a worker of pool `spare` (``compatible_worker``).
 """
 from __future__ import annotations
 
@@ -154,6 +155,22 @@ class PrivateStack:
         with log_file.open("wb") as out:
             return subprocess.Popen([sys.executable, "-m", "infra.local.cli", "worker", "--pool", "small",
                                      "--metrics-port", "0"], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    def compatible_worker(self, log_file: Path) -> subprocess.Popen[bytes]:
+        """A worker of pool `spare`, which `small` declares compatible (the same model), unsupervised (the test
+        stops it): it stands in for `small` once no replica of small is left. Its pools file is its own, so `up`
+        starts no spare worker; the spare pool's topics are made first."""
+        path = self.state_dir.parent / "pools-spare.toml"
+        path.write_text(POOLS_TOML + 'compatible = ["spare"]\n\n[pools.spare]\nmax_num_seqs = 8\n'
+                        'description = "stands in for small"\n')
+        env = {**self.env, "PARLEY_POOLS_FILE": str(path)}
+        made = subprocess.run([sys.executable, "-m", "infra.local.cli", "topics"], env=env, text=True,
+                              capture_output=True, timeout=120, check=False)
+        assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+        with log_file.open("wb") as out:
+            return subprocess.Popen([sys.executable, "-m", "infra.local.cli", "worker", "--pool", "spare",
+                                     "--metrics-port", "0"], env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
 
     def restarts(self, name: str) -> int:

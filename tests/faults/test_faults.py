@@ -542,3 +542,46 @@ async def test_worker_sigkill_hands_its_replies_to_the_other_replica(stack: Priv
         if fault.get("victim") == 0:
             os.kill(stack.pid("worker-small"), signal.SIGCONT)
             await _ready(logs[0], int(fault["log_at"]))  # type: ignore[call-overload]  # the tests after need it
+
+
+@pytest.mark.timeout(900)  # a second engine's start on a loaded machine
+async def test_worker_sigkill_with_no_replica_left_is_stood_in_for_by_a_compatible_pool(
+        stack: PrivateStack, user: tuple[str, str]) -> None:
+    """The pool's only worker is SIGKILLed mid-reply and its restart held (its supervisor stopped). A worker of
+    pool `spare`, which `small` declares compatible (the same model), stands in: once small's announcement has
+    expired it joins small's consumer group, is given its partitions when the dead member is evicted, and
+    resumes every reply from its saved tokens, instead of the replies waiting for the restart and the engine's
+    load. When small's worker is back, the stand-in hands the pool back."""
+    own, spare_log = stack.state_dir / "logs" / "worker-small.log", stack.state_dir / "logs" / "worker-spare.log"
+    spare: subprocess.Popen[bytes] | None = None
+    fault: dict[str, object] = {}
+
+    async def kill_the_only_replica(seen: list[Send]) -> None:
+        fault.update(log_at=own.stat().st_size, moved=[s.generation_id for s in seen])
+        os.kill(stack.pid("worker-small"), signal.SIGSTOP)  # its supervisor: no restart until we say
+        os.kill(stack.child_pid("worker-small"), signal.SIGKILL)
+
+    handed_back = 0
+    try:
+        spare = stack.compatible_worker(spare_log)
+        await _ready(spare_log, 0, spare)
+        await asyncio.sleep(3)  # its watch has read small's announcement (it reads once a second)
+        _, sends = await _with_fault(stack, user, "worker SIGKILL with no replica left, a compatible pool stands in",
+                                     kill_the_only_replica)
+        moved = fault["moved"]
+        assert await _log_says(spare_log, 0, b"stands in", timeout_s=5) == 1
+        resumed = [g for g in moved if await _log_says(spare_log, 0,  # type: ignore[attr-defined]
+                                                       f"generation {g} resumed at seq".encode(), timeout_s=5)]
+        stall = max(s.longest_gap_s for s in sends)
+        line = (f"  stand-in: {len(resumed)}/{len(moved)} replies of the killed worker resumed by the "  # type: ignore[arg-type]
+                f"compatible pool's worker, their longest client stall {stall:.1f} s")
+        RESULTS.append(line)
+        print(line)
+        assert moved and resumed == moved
+    finally:
+        if "log_at" in fault:
+            os.kill(stack.pid("worker-small"), signal.SIGCONT)
+            await _ready(own, int(fault["log_at"]))  # type: ignore[call-overload]  # the tests after need it
+            handed_back = await _log_says(spare_log, 0, b"its stand-in stops", timeout_s=60)
+        _stop(spare)
+    assert handed_back == 1, "the stand-in did not hand small back once its worker was ready"
