@@ -5,7 +5,7 @@ from schemas.codec import ALL_EVENTS, decode, encode
 from schemas.deadletter import EventDeadLettered
 from schemas.deletion import ConversationDeleted, ConversationPurged
 from schemas.errors import EventDecodeError, MalformedEvent, UnsupportedVersion
-from schemas.gateway import CancelRequested, MessageSubmitted
+from schemas.gateway import CancelRequested, MessageSubmitted, own_client_message_id
 from schemas.generation import GenerationFinished, GenerationStarted, TokensAppended, Usage
 from schemas.prompt import PoolPrompt, PromptBuilt
 from schemas.safety import Block, GenerationRetracted, InputBlocked
@@ -18,5 +18,5 @@ __all__ = [
     "GenerationRetracted", "GenerationStarted", "InputBlocked", "MalformedEvent", "MessageSubmitted", "PoolPrompt",
     "PromptBuilt",
     "RequestAdmitted", "RequestRefused", "TokensAppended", "UnsupportedVersion", "Usage", "UsageRecorded", "decode",
-    "encode", "id_time_ms", "new_id",
+    "encode", "id_time_ms", "new_id", "own_client_message_id",
 ]

@@ -18,6 +18,13 @@ class ChatTurn(msgspec.Struct, frozen=True):
     content: str
 
 
+def own_client_message_id(generation_id: str) -> str:
+    """The client_message_id of a request that brought none of its own and cannot be retried under one (the
+    OpenAI-compatible endpoints): made from its generation's id, so no other request can hold it and the
+    prompt build needs no claim on it."""
+    return f"openai-{generation_id}"
+
+
 class MessageSubmitted(Event, frozen=True, kw_only=True):
     """A user sent a message (or asked to regenerate a reply); topic ``chat.requests``."""
 

@@ -86,25 +86,29 @@ class Persistence:
         conv = await self.conversations.get(e.conversation_id)
         if conv is None:
             return []  # deleted: nothing is written for it any more
+        # An OpenAI-endpoint call is not in the sidebar, so it is neither searched nor titled there: indexing its
+        # message (up to 400 words, a row per word prefix) and asking the small pool for a title were most of
+        # the pipeline's CPU per API reply, and the title a second generation nobody would read.
+        page = conv.source != "api"
         # The reply's placeholder (its created_at) and the user message it answers (indexed with it): one read.
-        turn = await self.conversations.messages_of_turn(e.conversation_id, e.turn,
-                                                         {e.message_id} | ({e.parent_id} if e.parent_id else set()))
+        # An API reply needs neither: it is made at its generation's start, when its placeholder was written.
+        turn = await self.conversations.messages_of_turn(
+            e.conversation_id, e.turn, {e.message_id} | ({e.parent_id} if e.parent_id else set())) if page else {}
         existing = turn.get(e.message_id)
+        made = existing.created_at if existing else (
+            datetime.fromtimestamp(e.started_at, UTC) if e.started_at and not page else finished_at)
         await self.conversations.save_message(Message(
             e.conversation_id, e.turn, e.message_id, "assistant", e.text, status=e.status,
             tokens_in=e.usage.prompt_tokens, tokens_out=e.usage.completion_tokens,
             tokens_cached=e.usage.cached_prompt_tokens, model=e.model, pool=e.pool, parent_id=e.parent_id,
             generation_id=e.generation_id, route_reason=e.route_reason,
-            created_at=existing.created_at if existing else finished_at, finished_at=finished_at,
+            created_at=made, finished_at=finished_at,
             block_category=e.block.category if e.block else None,
             rules_version=e.block.rules_version if e.block else None))
         await self._save_generation(e)
         if e.text.strip():  # no reply text: the conversation does not move up, nor enter the list
-            await self.conversations.touch(conv, finished_at)
-        # An OpenAI-endpoint call is not in the sidebar, so it is neither searched nor titled there: indexing its
-        # message (up to 400 words, a row per word prefix) and asking the small pool for a title were most of
-        # the pipeline's CPU per API reply, and the title a second generation nobody would read.
-        page = conv.source != "api"
+            # The OpenAI endpoints make their conversations unlisted: the first reply lists it, none to take away.
+            await self.conversations.touch(conv, finished_at, listed=not (conv.source == "api" and e.turn == 0))
         if page:
             await self._index(e, turn.get(e.parent_id) if e.parent_id else None)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,

@@ -136,7 +136,7 @@ class FakeConversations:
     async def get(self, conversation_id: str) -> Conversation | None:
         return self.conversations.get(conversation_id)
 
-    async def touch(self, conv: Conversation, at: datetime, title: str | None = None) -> None:
+    async def touch(self, conv: Conversation, at: datetime, title: str | None = None, listed: bool = True) -> None:
         self.touched.append((conv.conversation_id, at, title))
         self.conversations[conv.conversation_id] = dataclasses.replace(
             conv, updated_at=at, title=title if title is not None else conv.title)

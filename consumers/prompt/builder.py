@@ -28,7 +28,15 @@ from infra.stores.conversations import ClientMessageClaim, Conversations, Messag
 from infra.stores.finished import FinishedReplies
 from infra.stores.preferences import instructions_in
 from infra.stores.records import Records, Summary
-from schemas import GenerationRequested, InputBlocked, PoolPrompt, PromptBuilt, RequestAdmitted, RequestRefused
+from schemas import (
+    GenerationRequested,
+    InputBlocked,
+    PoolPrompt,
+    PromptBuilt,
+    RequestAdmitted,
+    RequestRefused,
+    own_client_message_id,
+)
 from schemas.scheduler import BACKGROUND_PRIORITY
 from topics import GENERATE, Role, Topics
 from topics.catalogue import ADMITTED, DEADLETTER, PROMPT, PROMPTS, TOKENS
@@ -43,6 +51,7 @@ class Built:
     window: Window
     turns: list[Turn]
     alternates: list[PoolPrompt]
+    dropped: bool = False  # older turns fell out of a window (this pool's or the alternate's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,14 +89,21 @@ class PromptBuilder:
         if await late(req.deadline, req.generation_id, self.redis):
             return await self._drop_late(req)
         began = time.perf_counter()
-        # 2. Read the history (with any reply that ended but is not saved yet) and the latest summary.
-        history, summary = await self._read(req)
+        # 2. Read the history (with any reply that ended but is not saved yet).
+        history = await self._read(req)
         read_at = time.perf_counter()
-        # 3. Decide where the message goes and fit the prompt to the pool's window, or refuse.
+        # 3. Decide where the message goes and fit the prompt to the pool's window, or refuse. Only when older
+        #    turns fall out is the latest summary read (and the prompt fitted again with it): a conversation
+        #    that fits its window whole costs no summaries read.
         turn, user_message = self._place(req, history)
         if user_message is None:
             return await self._refused(req, 404, "invalid", "That message is no longer in the conversation.")
+        summary = None
         built = self._build(req, history, summary, user_message)
+        if isinstance(built, Built) and built.dropped and req.history is None:
+            summary = await self.records.latest_summary(req.conversation_id)
+            if summary is not None:
+                built = self._build(req, history, summary, user_message)
         if isinstance(built, TooLong):
             return await self._too_long(req, built)
         # 4. Save the user message and the reply's placeholder, claiming the client_message_id beside them.
@@ -114,14 +130,11 @@ class PromptBuilder:
                  "released, 0 tokens charged", req.generation_id, time.time() - req.deadline)
         return []
 
-    async def _read(self, req: RequestAdmitted) -> tuple[list[Message], Summary | None]:
-        # Independent reads together: the stage's latency is its round trips to Cassandra.
-        history, summary = await asyncio.gather(
-            self.conversations.all_messages(req.conversation_id),
-            self.records.latest_summary(req.conversation_id) if req.history is None else _none())
+    async def _read(self, req: RequestAdmitted) -> list[Message]:
+        history = await self.conversations.all_messages(req.conversation_id)
         if self.finished is not None:  # a reply whose end the client saw is part of the history now
             history = await self.finished.current(history)
-        return history, summary
+        return history
 
     async def _save_claimed(self, req: RequestAdmitted, placed: Placed, history: list[Message],
                             summary: Summary | None) -> Placed | list[Out]:
@@ -129,7 +142,9 @@ class PromptBuilder:
         client_message_id claim runs beside those writes: it only loses to a retry the gateway's own claim
         (Redis) missed, and then the rows written here are taken back."""
         turn, user_message = placed.turn, placed.user_message
-        claim = None if req.regenerate else asyncio.ensure_future(self.conversations.claim_client_message(
+        # No claim for a regenerate (its message is saved) nor for an id made from this generation's own id.
+        unclaimed = req.regenerate or req.client_message_id == own_client_message_id(req.generation_id)
+        claim = None if unclaimed else asyncio.ensure_future(self.conversations.claim_client_message(
             req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn))
         await asyncio.gather(*self._writes(req, turn, user_message, history, len(placed.built.window.ids)))
         if claim is None:
@@ -186,7 +201,7 @@ class PromptBuilder:
         window = self._fit(req, turns, summary, req.pool, told)
         if isinstance(window, TooLong):
             return window
-        alternates = []
+        alternates, dropped = [], window.fitted.dropped_upto_turn is not None
         other = self.overflow_pool
         # No alternate for a pool that cannot honour the request's function calls: the scheduler then keeps it
         # on its own pool (or refuses it) rather than drop the guarantee.
@@ -195,9 +210,10 @@ class PromptBuilder:
                 alt = self._fit(req, turns, summary, other, told)
                 if isinstance(alt, Window):  # no alternate: the scheduler will not overflow this one
                     alternates.append(PoolPrompt(pool=other, max_tokens=alt.max_tokens, prompt_token_ids=alt.ids))
+                    dropped = dropped or alt.fitted.dropped_upto_turn is not None
             else:
                 alternates.append(PoolPrompt(pool=other, max_tokens=window.max_tokens))  # same ids fit there
-        return Built(window, turns, alternates)
+        return Built(window, turns, alternates, dropped)
 
     def _can_overflow(self, other: str) -> bool:
         try:
@@ -337,10 +353,6 @@ def prompt_built(req: RequestAdmitted, placed: Placed) -> PromptBuilt:
         question="" if _tool_call(req) else placed.user_message.content[:500],
         sampling=req.sampling, alternates=placed.built.alternates,
         deadline=req.deadline)
-
-
-async def _none() -> None:
-    return None
 
 
 def _tool_call(req: RequestAdmitted) -> str | None:

@@ -162,8 +162,9 @@ class Conversations:
         return bool(rows) and not rows[0].deleted and rows[0].user_id == user_id
 
     async def touch(self, conv: Conversation, at: datetime, title: str | None = None,
-                    model: str | None = None) -> Conversation:
-        """Move a conversation to the top of its owner's list (and optionally retitle it)."""
+                    model: str | None = None, listed: bool = True) -> Conversation:
+        """Move a conversation to the top of its owner's list (and optionally retitle it). ``listed=False``: it
+        has no list row yet (made unlisted, its first reply): none to take away."""
         before = _utc(conv.updated_at)
         at = max(_utc(at), before)
         new = Conversation(conv.conversation_id, conv.user_id, title or conv.title, model or conv.model, at,
@@ -180,21 +181,15 @@ class Conversations:
             self.db.execute(
                 "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
                 "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, sealed, new.model, conv.source))]
-        if _ms(at) != _ms(before):
+        if listed and _ms(at) != _ms(before):
             writes.append(self.db.execute(
                 "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
                 (conv.user_id, before, conv.conversation_id)))
+        # Deleted while this touch ran (a reply saved as its owner deleted everything): the list row written here
+        # is skipped by every list read (``list_for_user`` reads each row's conversation) and removed by the
+        # purge, which unlists again after the last process could have held the conversation's key. No read
+        # back here: it cost every reply a statement for a race the list already answers.
         await asyncio.gather(*writes)
-        rows = await self.db.execute("SELECT user_id, deleted FROM conversations WHERE conversation_id = ?",
-                                     (conv.conversation_id,))
-        if not rows or rows[0].deleted or rows[0].user_id is None:
-            # Deleted while this touch ran (a reply saved as its owner deleted everything): take back the list
-            # row just written, so a deleted conversation never reappears in the sidebar.
-            await self.db.execute(
-                "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
-                (conv.user_id, at, conv.conversation_id))
-            if rows and rows[0].user_id is None:  # purged already: the UPDATE above made a stub of the row
-                await self.db.execute("DELETE FROM conversations WHERE conversation_id = ?", (conv.conversation_id,))
         return new
 
     async def rename(self, conv: Conversation, title: str) -> None:

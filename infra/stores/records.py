@@ -1,6 +1,7 @@
 """Generations, daily usage and conversation summaries."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -30,9 +31,15 @@ def _ts(epoch: float | None) -> datetime | None:
     return datetime.fromtimestamp(epoch, UTC) if epoch else None
 
 
+DAYS_KNOWN = 10_000  # (user, day) totals remembered by the process that counts them
+
+
 class Records:
     def __init__(self, db: AsyncSession, sealer: Sealer | None = None) -> None:
         self.db, self.sealer = db, sealer  # with a sealer, summaries are stored sealed
+        # The totals this process last wrote per (user, day): the next count's compare-and-set starts from them
+        # instead of reading them back. The batch's condition still decides; a stale entry costs one retry.
+        self._days: OrderedDict[tuple[str, str], tuple[tuple[int, int, int, int], int | None]] = OrderedDict()
 
     async def save_generation(self, *, generation_id: str, conversation_id: str, user_id: str, message_id: str,
                               user_message_id: str, turn: int, status: str, model_pool: str, model: str = "",
@@ -67,21 +74,30 @@ class Records:
                           tokens_cached: int) -> tuple[UsageDay, bool]:
         """Count one generation's usage in its (user, day), in O(1) statements: its ledger row and the day's new
         totals (static columns of the ledger's partition) are written by one conditional batch, applied only if
-        the row is absent and the totals are as read. The batch is a compare-and-set on a shared aggregate (a
-        redelivery, or the reconciler counting beside the agent), not a guard on a new id. The totals are the
-        day's figures (``usage_day`` reads them): nothing else is written per reply.
+        the row is absent and the totals are as read (or as this process last wrote them: no read then). The
+        batch is a compare-and-set on a shared aggregate (a redelivery, or the reconciler counting beside the
+        agent), not a guard on a new id. The totals are the day's figures (``usage_day`` reads them): nothing
+        else is written per reply.
         Returns (the day, whether this generation was new)."""
-        this = (tokens_in, tokens_out, tokens_cached)
+        this, key = (tokens_in, tokens_out, tokens_cached), (user_id, day)
         while True:
-            base, expected = await self._day_totals(user_id, day)
-            total = UsageDay(user_id, day, *(a + b for a, b in zip(base[:3], this, strict=True)), base[3] + 1)
+            known = self._days.pop(key, None)
+            base, expected = known if known is not None else await self._day_totals(user_id, day)
+            total = UsageDay(user_id, day, base[0] + tokens_in, base[1] + tokens_out, base[2] + tokens_cached,
+                             base[3] + 1)
             if await self._count_once(generation_id, total, this, expected):
+                self._remember(key, total)
                 return total, True
             # Not applied: counted already (a redelivery), or the totals moved under it (read them again).
             if await self.usage_counted(user_id, day, generation_id):
                 break
         base, _ = await self._day_totals(user_id, day)
         return UsageDay(user_id, day, *base), False
+
+    def _remember(self, key: tuple[str, str], total: UsageDay) -> None:
+        self._days[key] = ((total.tokens_in, total.tokens_out, total.tokens_cached, total.replies), total.replies)
+        if len(self._days) > DAYS_KNOWN:
+            self._days.popitem(last=False)
 
     async def _day_totals(self, user_id: str, day: str) -> tuple[tuple[int, int, int, int], int | None]:
         """((in, out, cached, replies), the replies the batch expects to find). A partition counted before the

@@ -39,6 +39,7 @@ from schemas import (
     RequestRefused,
     TokensAppended,
     new_id,
+    own_client_message_id,
 )
 from schemas.sampling import TokenLogprob
 
@@ -155,7 +156,7 @@ async def submit_choices(gw: Gateway, user: User, chat: compat.ChatRequest) -> l
             generation_id = gw.new_generation_id()  # lands on a partition this gateway tails
             accepted = await submission.submit(gw, user, MessageSubmitted(
                 generation_id=generation_id, conversation_id=conv.conversation_id, user_id=user.user_id,
-                plan=user.plan, message_id=message_id, client_message_id=f"openai-{generation_id}",  # type: ignore[arg-type]
+                plan=user.plan, message_id=message_id, client_message_id=own_client_message_id(generation_id),  # type: ignore[arg-type]
                 content=chat.content, pool=chat.pool, max_tokens=chat.max_tokens, temperature=chat.temperature,
                 history=chat.history, gateway_id=gw.gateway_id,
                 sampling=sampling_params.for_choice(chat.sampling, index)))

@@ -36,7 +36,7 @@ from producers.gateway.routes_chat import SSE_HEADERS
 from producers.gateway.sse import BLANK_KEEPALIVE
 from producers.gateway.state import OWNER_TTL_S, Gateway
 from producers.gateway.streaming import keep_beating
-from schemas import MessageSubmitted, Usage, id_time_ms, new_id
+from schemas import MessageSubmitted, Usage, id_time_ms, new_id, own_client_message_id
 from schemas.gateway import ChatTurn
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseReq
         earlier = earlier[:-1]  # the previous reply is in req.input, its calls written as calls
     if conversation_id is None:
         keep = req.store and not gw.keeps_nothing(user)  # no-retention plans: not listed, no title
-        conv = await gw.conversations.create(user.user_id, model=req.pool, source="api", listed=keep,
+        # Listed once its reply is saved (as a chat completion's): a refused call leaves no conversation listed.
+        conv = await gw.conversations.create(user.user_id, model=req.pool, source="api", listed=False,
                                              title=" ".join(req.input[-1].content.split())[:60] if keep else None)
         conversation_id = conv.conversation_id
         if not req.store:  # deleted from the start: no stage lists it, titles it or reads it back
@@ -86,7 +87,8 @@ async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseReq
     try:
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id, plan=user.plan,  # type: ignore[arg-type]
-            message_id=message_id, client_message_id=f"openai-{generation_id}", content=req.input[-1].content,
+            message_id=message_id, client_message_id=own_client_message_id(generation_id),
+            content=req.input[-1].content,
             pool=req.pool, max_tokens=req.max_output_tokens, temperature=req.temperature,
             history=[*system, *earlier, *req.input], gateway_id=gw.gateway_id, sampling=req.sampling))
     except BaseException:

@@ -38,7 +38,7 @@ async def test_conversations_list_newest_first_with_cursor(db) -> None:  # type:
 
 async def test_a_reply_saved_after_its_conversation_was_deleted_does_not_list_it_again(db) -> None:  # type: ignore[no-untyped-def]
     """Persistence read the conversation, its owner deleted everything, then the reply's touch moved it to the top
-    of the list: the touch sees the deletion and takes its list row back."""
+    of the list: the list skips the row (its conversation is deleted) and the purge removes it."""
     convs = Conversations(db)
     user = new_id()
     conv = await convs.create(user, title="gone soon")
@@ -48,6 +48,8 @@ async def test_a_reply_saved_after_its_conversation_was_deleted_does_not_list_it
     listed, _ = await convs.list_for_user(user, limit=10, source=None)
     assert [c.conversation_id for c in listed] == [kept.conversation_id]
     assert await convs.get(conv.conversation_id) is None
+    assert await convs.unlist(user, conv.conversation_id) == 1  # the purge's unlist finds the bump's row
+    assert await convs.unlist(user, conv.conversation_id) == 0
 
 
 async def test_a_list_read_between_a_late_bump_and_its_take_back_does_not_show_the_deleted(db) -> None:  # type: ignore[no-untyped-def]
@@ -87,6 +89,13 @@ async def test_api_conversations_are_listed_only_when_asked_for(db) -> None:  # 
     await convs.mark_deleted(touched)
     assert await convs.get(touched.conversation_id) is None
     assert len((await convs.list_for_user(user, limit=10, source="api"))[0]) == 3
+    # Made unlisted (as the OpenAI endpoints make theirs): its first reply's touch writes its one list row.
+    unlisted = await convs.create(user, title="api call", source="api", listed=False)
+    assert unlisted.conversation_id not in {c.conversation_id for c in (await convs.list_for_user(
+        user, limit=10, source="api"))[0]}
+    await convs.touch(unlisted, datetime.now(UTC) + timedelta(seconds=6), listed=False)
+    assert (await convs.list_for_user(user, limit=1, source="api"))[0][0].conversation_id == unlisted.conversation_id
+    assert await convs.unlist(user, unlisted.conversation_id) == 1
 
 
 async def test_messages_with_siblings_and_overwrite_on_retry(db) -> None:  # type: ignore[no-untyped-def]

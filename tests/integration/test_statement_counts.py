@@ -26,9 +26,9 @@ from producers.loadgen.statements import StatementCounter, difference
 pytestmark = pytest.mark.integration
 
 # Budgets (docs/performance.md, "Cassandra statements per request"): the targets are 8 and 6.
-PER_CHAT_MESSAGE = 27  # the first of a conversation: its title is asked for, saved and indexed too (25)
-PER_FOLLOW_UP = 18  # 16: the data key and the owner are read once per process while deletions can be heard
-PER_OPENAI_REQUEST = 20  # 19
+PER_CHAT_MESSAGE = 24  # the first of a conversation: its title is asked for, saved and indexed too (22)
+PER_FOLLOW_UP = 15  # 13: the data key and the owner are read once per process while deletions can be heard
+PER_OPENAI_REQUEST = 15  # 14
 # Kafka records a request writes besides its token records (docs/performance.md, "Kafka records per request").
 # Each: chat.requests, .admitted, .prompts, generate.<pool>.<lane>, chat.replies, usage, and the plan-minute
 # rollup's repartition and changelog records; the first message adds its title's request and finish (10, 8, 8).
