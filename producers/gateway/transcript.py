@@ -70,8 +70,9 @@ def iso(ts: datetime | None) -> str | None:
 
 def message_json(m: Message) -> dict[str, Any]:
     """What a reader of the transcript needs: no generation, pool or usage bookkeeping."""
-    return {"message_id": m.message_id, "parent_id": m.parent_id, "turn": m.turn, "role": m.role, "content": m.content, "status": m.status,
-            "model": m.model, "created_at": iso(m.created_at), "finished_at": iso(m.finished_at)}
+    return {"message_id": m.message_id, "parent_id": m.parent_id, "turn": m.turn, "role": m.role,
+            "content": m.content, "status": m.status, "model": m.model, "created_at": iso(m.created_at),
+            "finished_at": iso(m.finished_at)}
 
 
 def markdown(title: str | None, model: str | None, messages: list[Message], exported_at: datetime) -> str:
