@@ -2,7 +2,8 @@
 
     parley loadtest --url http://127.0.0.1:8000 [--token T ...] --rate 1 --duration 30
         an existing service (the one `parley up` runs, by default); its processes are found from `up`'s pid files
-    parley loadtest --scenario replica|stages|gateway|spike|prefill|tokens|routing|latency [--duration S] [--rate-scale X]
+    parley loadtest --scenario replica|stages|gateway|spike|prefill|tokens|routing|latency
+                    [--duration S] [--rate-scale X]
         a private service on sim engines (own topic prefix and keyspace, the shared backbone), started, loaded
         and stopped; figures and PNGs under bench-results/loadtest/
 """

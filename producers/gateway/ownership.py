@@ -3,9 +3,9 @@
 Gateway i of N owns the partitions p with p % N == i. An index past N - 1 is taken modulo N: the gateways of a
 StatefulSet that an autoscaler grew past N share their partitions with the first N (each such partition is then
 read by two of them), and none needs restarting when the count changes. Every event of a generation is keyed
-by its id, so the gateway that accepts a message draws ids until one falls on a partition it owns: the reply's token records
-then reach only the one gateway that serves its stream, and each gateway's tail grows with its own streams,
-not with the fleet. With 6 partitions and N gateways a draw succeeds with chance |owned| / 6 (half a draw
+by its id, so the gateway that accepts a message draws ids until one falls on a partition it owns: the reply's
+token records then reach only the one gateway that serves its stream, and each gateway's tail grows with its own
+streams, not with the fleet. With 6 partitions and N gateways a draw succeeds with chance |owned| / 6 (half a draw
 more on average at N = 2, 5 more at N = 4: microseconds, once per message).
 """
 from __future__ import annotations
