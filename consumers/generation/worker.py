@@ -30,7 +30,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from redis.exceptions import RedisError
 
 from consumers.generation.announce import Announcer
-from consumers.generation.coalescing import Batch, Coalescer, FlushPolicy
+from consumers.generation.coalescing import FlushPolicy
 from consumers.generation.decisions import (
     STALE_REQUEST_S,
     Finish,
@@ -46,6 +46,7 @@ from consumers.generation.fencing import Fence
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
 from consumers.generation.recovery import Saved, read_saved
+from consumers.generation.reply_stream import ReplyStream
 from consumers.generation.sampling import for_request
 from consumers.safety.classifier import Verdict
 from consumers.safety.metrics import SafetyMetrics
@@ -86,7 +87,6 @@ PRODUCER_RENEW_GAP_S = 10.0
 # pool's other replicas, which resume its replies from their saved tokens; the longest stall is this, the
 # rebalance and one prefill. Lower would evict a worker whose loop a loaded machine starves for a few seconds.
 SESSION_TIMEOUT_MS, HEARTBEAT_MS = 6_000, 1_000
-FENCE_CHECK_GAP_S = 1.0  # a step this long after the last one: this worker may have been paused; check its lease
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -452,14 +452,13 @@ class GenerationWorker:
                                           "conversation deleted"))
 
     async def _stream(self, req: GenerationRequested, gen: Generate, saved: Saved, picked_at: float) -> None:
-        seq, text, pending = gen.first_seq, [saved.text], []
-        completion = len(saved.token_ids)
-        prompt_tokens, cached, finish_reason = len(req.prompt_token_ids), 0, None
-        first_token_at = saved.started.first_token_at if saved.started else 0.0
-        announced, last_append = saved.started is not None, 0.0
+        """Run the reply on the engine and write its records; the reply's state (what was gathered, numbered,
+        shown) is ``ReplyStream``'s, this loop does the I/O around it."""
+        state = ReplyStream(req.generation_id, req.conversation_id, len(req.prompt_token_ids), gen, saved,
+                            self.flush)
         guard = self.safety.start(req.plan, req.purpose) if self.safety is not None else None
-        shown, blocked = gen.first_seq - 1, None  # the last seq handed to the producer; the flagged verdict
-        batch, gone = Coalescer(self.flush), False  # outputs not yet in a record; the conversation was deleted
+        pending: list[asyncio.Future[Any]] = []  # handed to the producer, not acknowledged yet
+        blocked, gone, finish_reason = None, False, None  # the flagged verdict; the conversation was deleted
         try:
             sampling = for_request(req, saved_tokens=len(saved.token_ids), max_tokens=gen.max_tokens)
             async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
@@ -467,40 +466,33 @@ class GenerationWorker:
                 now = time.time()
                 if req.generation_id in self.cancelled:
                     await self.engine.abort(req.generation_id)  # the cancel raced the engine's admission
-                if not last_append:
-                    cached = out.cached_prompt_tokens
+                took = state.took(out, now)
+                if took.first:
                     self.metrics.ttft.observe(now - picked_at)
-                    self.metrics.prompt_seen(prompt_tokens, cached)
-                if not announced:
-                    announced, first_token_at = True, now
-                    pending.append(await self._started(req, first_token_at, cached, gen.resumed))
-                if last_append and now - last_append > FENCE_CHECK_GAP_S and await self.fence.fenced(req.generation_id):
+                    self.metrics.prompt_seen(state.prompt_tokens, state.cached)
+                if took.announce:
+                    pending.append(await self._started(req, state.first_token_at, state.cached, gen.resumed))
+                if took.check_fence and await self.fence.fenced(req.generation_id):
                     await self.engine.abort(req.generation_id)  # paused past our lease (SIGSTOP, a long GC)
                     await asyncio.gather(*pending)
                     return
-                check = guard is not None and guard.add(out.text, len(out.token_ids), out.finished)
-                if out.token_ids or out.text:
-                    batch.add(out)
-                    text.append(out.text)
-                    completion += len(out.token_ids)
-                    self.metrics.tokens.inc(len(out.token_ids))
-                    self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane).inc(len(out.token_ids))
+                check = guard is not None and guard.add(out.text, took.tokens, out.finished)
+                if took.tokens:
+                    self.metrics.tokens.inc(took.tokens)
+                    self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane).inc(took.tokens)
                 # What the safety check reads is in records before it decides (held back or already shown, as
                 # the plan says); a finish or a cancel goes out at once.
-                if batch.due(now, urgent=out.finished or check or req.generation_id in self.cancelled):
-                    if await self._flush(req, batch.take(now), seq, guard, pending):
-                        shown = seq
-                    seq += 1
-                if last_append:
-                    self.metrics.itl.observe(now - last_append)
-                last_append = now
-                if check:
+                if state.due(now, urgent=out.finished or check or req.generation_id in self.cancelled):
+                    await self._flush(req, state, now, guard, pending)
+                if took.gap_s is not None:
+                    self.metrics.itl.observe(took.gap_s)
+                if check and guard is not None:
                     blocked = await self._checked(req, guard)
                     if blocked is not None:
                         break
                     for held in guard.passed():
                         pending.append(await self._append(held))
-                        shown = held.seq
+                        state.sent(held.seq)
                 if out.finished:
                     finish_reason = out.finish_reason
                     break
@@ -514,7 +506,8 @@ class GenerationWorker:
             raise
         except KeyGone:  # deleted while generating, before its cancel arrived: nothing more may be sealed
             await self.engine.abort(req.generation_id)
-            status, reason, text, gone = "stopped", "conversation deleted", [], True
+            status, reason, gone = "stopped", "conversation deleted", True
+            state.emptied()
         except EngineDead:  # not this reply's fault: it is left unfinished for a live engine to resume
             with contextlib.suppress(*RETRYABLE):
                 await self._landed(req.generation_id, pending)
@@ -522,38 +515,33 @@ class GenerationWorker:
         except Exception as exc:  # noqa: BLE001 - engine errors end this reply, not the worker
             log.exception("generation %s failed in the engine", req.generation_id)
             status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
-        if not batch.empty and blocked is None and not gone:  # the engine stopped without a last output
-            if await self._flush(req, batch.take(time.time()), seq, guard, pending):
-                shown = seq
-            seq += 1
+        if state.gathered and blocked is None and not gone:  # the engine stopped without a last output
+            await self._flush(req, state, time.time(), guard, pending)
         await self._landed(req.generation_id, pending)
-        if guard is not None and guard.held and blocked is None:  # the engine failed mid-chunk: never checked,
-            unshown, joined = "".join(h.text for h in guard.held), "".join(text)  # so never shown or saved
-            text, seq = [joined[:len(joined) - len(unshown)]], shown + 1
+        if guard is not None and guard.held and blocked is None:  # the engine failed mid-chunk
+            state.unshown("".join(h.text for h in guard.held))
         if status == "stopped" and blocked is None:
             self.metrics.aborts.inc()
         block = None
         if blocked is not None and self.safety is not None:
-            notice = await self.safety.retract(self.producer, self.redis, self.topics.tokens, req, blocked, shown)
-            status, block, text, seq = "blocked", blocked.block("output"), [notice], shown + 1
+            notice = await self.safety.retract(self.producer, self.redis, self.topics.tokens, req, blocked,
+                                               state.shown)
+            status, block = "blocked", blocked.block("output")
+            state.retracted(notice)
             reason = f"output check: {block.category} ({block.score:.2f}), rules {block.rules_version}"
-        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion, cached_prompt_tokens=cached)
-        await self._finish(finished_event(req, self.limits, self.worker_id, status, "".join(text), usage,
-                                          seq - 1, reason, picked_at, first_token_at, block))
+        await self._finish(finished_event(req, self.limits, self.worker_id, status, state.reply, state.usage(),
+                                          state.last_seq, reason, picked_at, state.first_token_at, block))
 
-    async def _flush(self, req: GenerationRequested, batch: Batch, seq: int, guard: OutputGuard | None,
-                     pending: list[asyncio.Future[Any]]) -> bool:
-        """One record of what was gathered, numbered ``seq``; True once handed to the producer, False while the
-        safety check holds it back."""
-        # No user id: no reader of chat.tokens needs it, and the record key already names the generation.
-        step = TokensAppended(generation_id=req.generation_id, conversation_id=req.conversation_id, seq=seq,
-                              text=batch.text, token_ids=batch.token_ids, logprobs=batch.logprobs,
-                              epoch=self.fence.epoch(req.generation_id))
+    async def _flush(self, req: GenerationRequested, state: ReplyStream, now: float, guard: OutputGuard | None,
+                     pending: list[asyncio.Future[Any]]) -> None:
+        """One record of what was gathered, handed to the producer, or held back while the safety check
+        has not passed its chunk."""
+        step = state.record(now, self.fence.epoch(req.generation_id))
         if guard is not None and guard.holds:
             guard.hold(step)  # shown once its chunk has passed the check
-            return False
+            return
         pending.append(await self._append(step))
-        return True
+        state.sent(step.seq)
 
     async def _append(self, step: TokensAppended) -> asyncio.Future[Any]:
         """Checked (when held back) in clear here; sealed on the way out."""
