@@ -64,11 +64,6 @@ class Preferences:
         await self.db.execute("UPDATE preferences SET default_model = ?, updated_at = ? WHERE user_id = ?",
                               (model, datetime.now(UTC), user_id))
 
-    async def forget(self, user_id: str) -> None:
-        """Every setting of the user gone, the instructions' key destroyed."""
-        await self.sealer.keys.destroy(key_id(user_id))
-        await self.db.execute("DELETE FROM preferences WHERE user_id = ?", (user_id,))
-
 
 def instructions_message(conversation_id: str, text: str, at: datetime) -> Message:
     """A new conversation's copy of the instructions (``Conversations.save_message`` seals it)."""

@@ -82,12 +82,6 @@ async def test_each_save_and_a_clear_destroy_the_key_of_the_words_before(prefs: 
     assert await prefs.get("u1") == Prefs()
 
 
-async def test_forget_removes_the_row_and_the_key(prefs: Preferences, tables: Tables) -> None:
-    await prefs.set_instructions("u1", SECRET)
-    await prefs.forget("u1")
-    assert "u1" not in tables.prefs and key_id("u1") not in tables.rows
-
-
 def test_a_conversations_copy_is_read_by_the_prompt_and_hidden_from_the_page() -> None:
     at = datetime(2026, 12, 1, tzinfo=UTC)
     copy = instructions_message("c1", SECRET, at)
