@@ -108,56 +108,70 @@ def up(
         service.install(console)
 
     with _lock(settings):
-        # Decide for every service before starting any, so a port clash starts nothing.
-        plan: dict[str, tuple[int | None, str]] = {}  # name -> (pid to watch, what we did)
-        to_launch: list[Service] = []
-        for service in stack:
-            pid = service.our_pid() or _adopt(service)
-            supervisor = service.supervisor_pid()
-            if pid is not None:
-                plan[service.name] = (supervisor or pid, "already running" if supervisor else
-                                      "already running, unsupervised (`parley down` then `up` supervises it)")
-                continue
-            if supervisor is not None:  # it died and its supervisor is starting it again
-                plan[service.name] = (supervisor, "being restarted by its supervisor")
-                continue
-            process.remove_pid(service.pid_file)  # stale: that process is gone or not ours
-            if service.busy_ports():
-                if service.probe().ok:
-                    plan[service.name] = (None, "already answering (not started by parley)")
-                    continue
-                service.ensure_ports_free()  # raises PortInUse naming the holder
-            to_launch.append(service)
+        plan, to_launch = _decide(stack)
         for service in to_launch:
             began = time.monotonic()
             pid = service.launch()
             _say(console, f"{service.name}: starting (pid {pid}, log {service.log_file})")
             plan[service.name] = (pid, f"started (prepare {time.monotonic() - began:.1f} s)")
-
-        def wait(service: Service) -> tuple[Probe, float]:
-            return service.wait_ready(plan[service.name][0], timeout)
-
-        results: dict[str, tuple[Probe, float]] = {}
-        errors: list[StackError] = []
-        with ThreadPoolExecutor(max_workers=len(stack)) as pool:
-            futures = {s.name: pool.submit(wait, s) for s in stack}
-            for service in stack:
-                try:
-                    results[service.name] = futures[service.name].result()
-                    probe, waited = results[service.name]
-                    _say(
-                        console,
-                        f"{service.name}: ready at {service.address} ({probe.version}) after {waited:.1f} s",
-                    )
-                except StackError as exc:
-                    errors.append(exc)
-                    if service in to_launch:
-                        service.stop_supervisor(10.0)  # `up` failed: nothing goes on restarting it
-        if errors:
-            _fail(errors, "services failed to start")
+        results = _wait_ready(stack, plan, to_launch, timeout, console)
 
     _post_start(settings, console)
     return [_status_of(s, results[s.name][0], plan[s.name][1], results[s.name][1]) for s in stack]
+
+
+def _decide(stack: list[Service]) -> tuple[dict[str, tuple[int | None, str]], list[Service]]:
+    """For every service before starting any, so a port clash starts nothing: name -> (pid to watch, what we
+    did) for those already running, and the services to launch."""
+    plan: dict[str, tuple[int | None, str]] = {}
+    to_launch: list[Service] = []
+    for service in stack:
+        pid = service.our_pid() or _adopt(service)
+        supervisor = service.supervisor_pid()
+        if pid is not None:
+            plan[service.name] = (supervisor or pid, "already running" if supervisor else
+                                  "already running, unsupervised (`parley down` then `up` supervises it)")
+            continue
+        if supervisor is not None:  # it died and its supervisor is starting it again
+            plan[service.name] = (supervisor, "being restarted by its supervisor")
+            continue
+        process.remove_pid(service.pid_file)  # stale: that process is gone or not ours
+        if service.busy_ports():
+            if service.probe().ok:
+                plan[service.name] = (None, "already answering (not started by parley)")
+                continue
+            service.ensure_ports_free()  # raises PortInUse naming the holder
+        to_launch.append(service)
+    return plan, to_launch
+
+
+def _wait_ready(stack: list[Service], plan: dict[str, tuple[int | None, str]], to_launch: list[Service],
+                timeout: float, console: Console | None) -> dict[str, tuple[Probe, float]]:
+    """Each service's probe and wait once it answers, all waited for at once; any that fails fails `up` (and a
+    service it launched is no longer restarted)."""
+
+    def wait(service: Service) -> tuple[Probe, float]:
+        return service.wait_ready(plan[service.name][0], timeout)
+
+    results: dict[str, tuple[Probe, float]] = {}
+    errors: list[StackError] = []
+    with ThreadPoolExecutor(max_workers=len(stack)) as pool:
+        futures = {s.name: pool.submit(wait, s) for s in stack}
+        for service in stack:
+            try:
+                results[service.name] = futures[service.name].result()
+                probe, waited = results[service.name]
+                _say(
+                    console,
+                    f"{service.name}: ready at {service.address} ({probe.version}) after {waited:.1f} s",
+                )
+            except StackError as exc:
+                errors.append(exc)
+                if service in to_launch:
+                    service.stop_supervisor(10.0)  # `up` failed: nothing goes on restarting it
+    if errors:
+        _fail(errors, "services failed to start")
+    return results
 
 
 def _step(label: str, fn: Callable[[Settings], object], settings: Settings, console: Console | None) -> None:
@@ -321,47 +335,12 @@ def start_apps(
     group), then wait for all of them at once until ready.  Processes already running are reused."""
     procs = [App(spec, settings) for spec in wanted]
     with _lock(settings):
-        plan: dict[str, tuple[int | None, str, LogWatch | None]] = {}
-        to_launch: list[App] = []
-        for app in procs:
-            pid = app.our_pid()
-            if pid is not None:
-                plan[app.name] = (pid, "already running", None)
-                continue
-            if process.read_pid(app.pid_file) is not None:
-                app.stop()  # a stale pid file; kills leftover children of a crashed worker
-            if app.port_busy():
-                if app.spec.ready_url is not None and apps.http_ok(app.spec.ready_url):
-                    plan[app.name] = (None, "already answering (not started by parley)", None)
-                    continue
-                raise PortInUse(
-                    f"{app.name}: port {app.spec.port} on {settings.host} is in use by "
-                    f"{process.describe_holders(app.spec.port or 0)}, which `parley up` did not start",
-                    hint=f"stop that process, or choose another port ({env_var(app.spec.kind.upper() + '_PORT')})",
-                )
-            to_launch.append(app)
+        plan, to_launch = _decide_apps(settings, procs)
         for app in to_launch:
             pid, watch = app.launch()
             _say(console, f"{app.name}: starting (pid {pid}, log {app.log_file})")
             plan[app.name] = (pid, "started", watch)
-
-        def wait(app: App) -> float:
-            pid, _, watch = plan[app.name]
-            return app.wait_ready(pid, watch)
-
-        waited: dict[str, float] = {}
-        errors: list[StackError] = []
-        with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
-            futures = {app.name: pool.submit(wait, app) for app in procs}
-            for app in procs:
-                try:
-                    waited[app.name] = futures[app.name].result()
-                    where = f" on port {app.spec.port}" if app.spec.port else ""
-                    _say(console, f"{app.name}: ready{where} after {waited[app.name]:.1f} s")
-                except StackError as exc:
-                    errors.append(exc)
-        if errors:
-            _fail(errors, "service processes failed to start; `parley down` stops the others")
+        waited = _wait_apps(procs, plan, console)
 
     return [
         ProcessStatus(
@@ -378,6 +357,57 @@ def start_apps(
         )
         for app in procs
     ]
+
+
+_AppPlan = dict[str, tuple[int | None, str, LogWatch | None]]  # name -> (pid to watch, what we did, its log watch)
+
+
+def _decide_apps(settings: Settings, procs: list[App]) -> tuple[_AppPlan, list[App]]:
+    """The processes already running (or answering), and those to launch; a port held by a process `up` did
+    not start fails it."""
+    plan: _AppPlan = {}
+    to_launch: list[App] = []
+    for app in procs:
+        pid = app.our_pid()
+        if pid is not None:
+            plan[app.name] = (pid, "already running", None)
+            continue
+        if process.read_pid(app.pid_file) is not None:
+            app.stop()  # a stale pid file; kills leftover children of a crashed worker
+        if app.port_busy():
+            if app.spec.ready_url is not None and apps.http_ok(app.spec.ready_url):
+                plan[app.name] = (None, "already answering (not started by parley)", None)
+                continue
+            raise PortInUse(
+                f"{app.name}: port {app.spec.port} on {settings.host} is in use by "
+                f"{process.describe_holders(app.spec.port or 0)}, which `parley up` did not start",
+                hint=f"stop that process, or choose another port ({env_var(app.spec.kind.upper() + '_PORT')})",
+            )
+        to_launch.append(app)
+    return plan, to_launch
+
+
+def _wait_apps(procs: list[App], plan: _AppPlan, console: Console | None) -> dict[str, float]:
+    """Each process's seconds until ready, all waited for at once; any that fails fails the start."""
+
+    def wait(app: App) -> float:
+        pid, _, watch = plan[app.name]
+        return app.wait_ready(pid, watch)
+
+    waited: dict[str, float] = {}
+    errors: list[StackError] = []
+    with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
+        futures = {app.name: pool.submit(wait, app) for app in procs}
+        for app in procs:
+            try:
+                waited[app.name] = futures[app.name].result()
+                where = f" on port {app.spec.port}" if app.spec.port else ""
+                _say(console, f"{app.name}: ready{where} after {waited[app.name]:.1f} s")
+            except StackError as exc:
+                errors.append(exc)
+    if errors:
+        _fail(errors, "service processes failed to start; `parley down` stops the others")
+    return waited
 
 
 def _fail(errors: list[StackError], summary: str) -> None:

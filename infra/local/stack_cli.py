@@ -127,43 +127,14 @@ def run(args: argparse.Namespace) -> int:
     began = time.monotonic()
     try:
         if args.command == "up":
-            if args.backbone_only:
-                statuses = stack.up(settings, console=console, timeout=args.timeout)
-                console.print(_table(statuses, with_time=True))
-                console.print(
-                    f"[bold]stack up in {time.monotonic() - began:.1f} s[/bold] "
-                    f"(state {settings.state_dir}, cache {settings.cache_dir})"
-                )
-                return 0 if all(s.ok for s in statuses) else 1
-            report = stack.up_service(
-                settings.with_(gateway_count=args.gateways) if args.gateways > 1 else settings,
-                console=console,
-                workers=not args.no_workers,
-                timeout=args.timeout,
-                worker_timeout=args.worker_timeout,
-                with_prometheus=args.with_prometheus,
-            )
-            console.print(_table(report.backbone, with_time=True))
-            console.print(_process_table(report.processes, with_time=True))
-            console.print(
-                f"[bold]up in {time.monotonic() - began:.1f} s[/bold] "
-                f"(state {settings.state_dir}, cache {settings.cache_dir})"
-            )
-            _print_welcome(console, report, settings)
-            ok = all(s.ok for s in report.backbone) and all(p.running for p in report.processes)
-            return 0 if ok else 1
+            return _up(args, settings, console, began)
         if args.command == "down":
             for line in stack.down(settings, timeout=args.timeout, keep_backbone=args.keep_backbone):
                 console.print(line)
             console.print(f"down in {time.monotonic() - began:.1f} s")
             return 0
         if args.command == "status":
-            statuses = stack.status(settings)
-            procs = stack.status_apps(settings)
-            console.print(_table(statuses))
-            console.print(_process_table(procs))
-            ok = all(s.ok for s in statuses) and all(p.running for p in procs if p.started_by_up)
-            return 0 if ok else 1
+            return _status(settings, console)
     except StackError as exc:
         console.print(f"[bold red]parley {args.command} failed:[/bold red] {exc.message}")
         if exc.hint:
@@ -173,3 +144,40 @@ def run(args: argparse.Namespace) -> int:
             console.out(exc.log_tail, highlight=False)
         return 1
     raise SystemExit(f"unknown command {args.command!r}")
+
+
+def _up(args: argparse.Namespace, settings: Settings, console: Console, began: float) -> int:
+    if args.backbone_only:
+        statuses = stack.up(settings, console=console, timeout=args.timeout)
+        console.print(_table(statuses, with_time=True))
+        console.print(
+            f"[bold]stack up in {time.monotonic() - began:.1f} s[/bold] "
+            f"(state {settings.state_dir}, cache {settings.cache_dir})"
+        )
+        return 0 if all(s.ok for s in statuses) else 1
+    report = stack.up_service(
+        settings.with_(gateway_count=args.gateways) if args.gateways > 1 else settings,
+        console=console,
+        workers=not args.no_workers,
+        timeout=args.timeout,
+        worker_timeout=args.worker_timeout,
+        with_prometheus=args.with_prometheus,
+    )
+    console.print(_table(report.backbone, with_time=True))
+    console.print(_process_table(report.processes, with_time=True))
+    console.print(
+        f"[bold]up in {time.monotonic() - began:.1f} s[/bold] "
+        f"(state {settings.state_dir}, cache {settings.cache_dir})"
+    )
+    _print_welcome(console, report, settings)
+    ok = all(s.ok for s in report.backbone) and all(p.running for p in report.processes)
+    return 0 if ok else 1
+
+
+def _status(settings: Settings, console: Console) -> int:
+    statuses = stack.status(settings)
+    procs = stack.status_apps(settings)
+    console.print(_table(statuses))
+    console.print(_process_table(procs))
+    ok = all(s.ok for s in statuses) and all(p.running for p in procs if p.started_by_up)
+    return 0 if ok else 1

@@ -93,51 +93,7 @@ def ensure_libs(
         "-DincludeScope=runtime",
         f"-DoutputDirectory={partial}",
     ]
-    env = dict(os.environ)
-    if java_home is not None:
-        env["JAVA_HOME"] = str(java_home)
-    last: deque[str] = deque(maxlen=60)
-    files, size = 0, 0
-    progress = (
-        Progress(
-            SpinnerColumn(),
-            TextColumn("[bold]{task.description}"),
-            TextColumn("{task.fields[detail]}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        )
-        if console is not None
-        else None
-    )
-    try:
-        if progress is not None:
-            progress.start()
-            task = progress.add_task(f"{name} {version}: resolving jars", detail="", total=None)
-        try:
-            proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=pom.parent
-            )
-        except OSError as exc:
-            raise DownloadFailed(f"could not run {mvn}: {exc}", hint="apt-get install -y maven") from exc
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip()
-            last.append(line)
-            got = parse_download(line)
-            if got and progress is not None:
-                files, size = files + 1, size + got[1]
-                progress.update(task, detail=f"{files} files, {size / 1e6:.1f} MB - {got[0]}")
-        rc = proc.wait()
-        if progress is not None:
-            progress.update(
-                task,
-                description=f"{name} {version}: jars {'ready' if rc == 0 else 'FAILED'}",
-                detail=f"{files} files, {size / 1e6:.1f} MB downloaded",
-            )
-    finally:
-        if progress is not None:
-            progress.stop()
+    rc, last = _run_maven(cmd, pom, f"{name} {version}", java_home, console)
     if rc != 0:
         errors = [ln for ln in last if ln.startswith("[ERROR] ") and not _BOILERPLATE.search(ln)][-12:]
         errors = errors or list(last)[-12:]
@@ -151,3 +107,57 @@ def ensure_libs(
     os.replace(partial, lib)
     (lib.parent / ".complete").write_text(_pom_digest(pom) + "\n")
     return lib
+
+
+def _run_maven(
+    cmd: list[str], pom: Path, label: str, java_home: Path | None, console: Console | None
+) -> tuple[int, deque[str]]:
+    """Maven's exit code and its last 60 lines, each jar it downloads shown on ``console`` meanwhile."""
+    env = dict(os.environ)
+    if java_home is not None:
+        env["JAVA_HOME"] = str(java_home)
+    last: deque[str] = deque(maxlen=60)
+    files, size = 0, 0
+    progress = _progress(console)
+    try:
+        if progress is not None:
+            progress.start()
+            task = progress.add_task(f"{label}: resolving jars", detail="", total=None)
+        try:
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=pom.parent
+            )
+        except OSError as exc:
+            raise DownloadFailed(f"could not run {cmd[0]}: {exc}", hint="apt-get install -y maven") from exc
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            last.append(line)
+            got = parse_download(line)
+            if got and progress is not None:
+                files, size = files + 1, size + got[1]
+                progress.update(task, detail=f"{files} files, {size / 1e6:.1f} MB - {got[0]}")
+        rc = proc.wait()
+        if progress is not None:
+            progress.update(
+                task,
+                description=f"{label}: jars {'ready' if rc == 0 else 'FAILED'}",
+                detail=f"{files} files, {size / 1e6:.1f} MB downloaded",
+            )
+    finally:
+        if progress is not None:
+            progress.stop()
+    return rc, last
+
+
+def _progress(console: Console | None) -> Progress | None:
+    if console is None:
+        return None
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
