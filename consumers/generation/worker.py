@@ -20,16 +20,17 @@ import logging
 import os
 import socket
 import time
-import weakref
 from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
+from consumers.generation import appending
 from consumers.generation.announce import Announcer
+from consumers.generation.appending import Appender
 from consumers.generation.coalescing import FlushPolicy
 from consumers.generation.decisions import (
     STALE_REQUEST_S,
@@ -71,7 +72,7 @@ from schemas import (
 from schemas.errors import EventDecodeError
 from topics import GENERATE, Role, Topics
 from topics.catalogue import CONTROL, DEADLETTER, GENERATION, REPLIES, TOKENS
-from topics.clients import decode_or_deadletter, enqueue, make_consumer, make_producer
+from topics.clients import decode_or_deadletter, enqueue, make_consumer
 from topics.replay import open_reader
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,6 @@ ROLE = Role(GENERATION, reads=(GENERATE, CONTROL, TOKENS), writes=(TOKENS, REPLI
 CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
 # Outages a request waits out in place (Kafka's are the producer's timeouts and a recovery read's).
 RETRYABLE: tuple[type[BaseException], ...] = (*STORE_DOWN, KafkaError)
-ACK_TIMEOUT_S = 20.0  # an append or finish not acknowledged by then is retried through a new producer
-PRODUCER_RENEW_GAP_S = 10.0
 # A dead worker's hand-over: the group coordinator evicts a member that sent no heartbeat for SESSION_TIMEOUT_MS
 # (6 s, the broker's default floor, group.min.session.timeout.ms) and the rebalance gives its partitions to the
 # pool's other replicas, which resume its replies from their saved tokens; the longest stall is this, the
@@ -126,13 +125,7 @@ class GenerationWorker:
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         self.engine_failure: EngineDead | None = None  # set when the engine died: the worker exits non-zero
-        self.producer = make_producer(settings.kafka_bootstrap)
-        self._producer_renewed = 0.0
-        self._producer_lock = asyncio.Lock()
-        # A failed attempt's appends not acknowledged yet, per generation, with the producer holding them; and
-        # the producers closed for good (nothing they still held can land any more).
-        self._unsettled: dict[str, tuple[Any, set[asyncio.Future[Any]]]] = {}
-        self._closed_producers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.appender = Appender(settings.kafka_bootstrap, self.worker_id)
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
             session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS)
@@ -140,6 +133,18 @@ class GenerationWorker:
         self.finished = FinishedReplies(self.redis)
         self.quota = Quota.configured(self.redis, plans or load_plans(settings.plans_file), settings)
         self.fence = Fence(self.redis)
+
+    @property
+    def producer(self) -> Any:
+        """The appender's current producer (renewed after a Kafka outage)."""
+        return self.appender.producer
+
+    @producer.setter
+    def producer(self, producer: Any) -> None:
+        self.appender.producer = producer
+
+    async def _landed(self, generation_id: str, futures: list[asyncio.Future[Any]]) -> None:
+        await self.appender.landed(generation_id, futures)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -197,7 +202,7 @@ class GenerationWorker:
             task.cancel()  # vLLM aborts the sequence when its stream is closed
         await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(TimeoutError):  # a producer stuck on a lost broker must not hold the rebalance
-            await asyncio.wait_for(self.producer.flush(), ACK_TIMEOUT_S)  # appended: in the log before the next
+            await asyncio.wait_for(self.producer.flush(), appending.ACK_TIMEOUT_S)  # in the log before the next
         log.info("worker %s let go of %d generation(s) on revoked partitions; their next owner resumes them",
                  self.worker_id, len(tasks))
 
@@ -318,7 +323,7 @@ class GenerationWorker:
         and first checks it still holds it: a worker that was paused by the outage and taken over meanwhile
         leaves the generation to its new owner.
 
-        A retry reads the saved tokens only once the failed attempt's appends are settled (``_settle``): an
+        A retry reads the saved tokens only once the failed attempt's appends are settled (``Appender.settle``): an
         idempotent producer retries a batch until it lands, so appends that were not acknowledged during the
         outage reach the log after it. Resuming before them wrote a second set of tokens at the same seqs,
         and the clients, shown the first, ended with text other than the saved reply."""
@@ -328,7 +333,7 @@ class GenerationWorker:
         try:
             while True:
                 try:
-                    await self._settle(req.generation_id)
+                    await self.appender.settle(req.generation_id)
                     opened = await self._open(req)
                     if not self.fence.epoch(req.generation_id):
                         await self.fence.take(req.generation_id)
@@ -341,7 +346,7 @@ class GenerationWorker:
                     return
                 except RETRYABLE as exc:
                     if isinstance(exc, KafkaError):
-                        await self._renew_producer(exc)
+                        await self.appender.renew(exc)
                     if not began:
                         began = time.monotonic()
                         store = "Kafka" if isinstance(exc, KafkaError) else dependency_of(exc)
@@ -352,64 +357,7 @@ class GenerationWorker:
                     delay = min(delay * 2, MAX_DELAY_S)
         finally:
             self.fence.release(req.generation_id)
-            self._unsettled.pop(req.generation_id, None)
-
-    async def _landed(self, generation_id: str, futures: list[asyncio.Future[Any]]) -> None:
-        """Wait for these appends' acks, at most ACK_TIMEOUT_S: an idempotent aiokafka producer never expires
-        a batch, so an append to a partition whose broker lost the producer's sequence would otherwise wait for
-        good. Those still unacknowledged are kept for the retry to settle, never cancelled: they may land yet."""
-        if not futures:
-            return
-        done, waiting = await asyncio.wait(futures, timeout=ACK_TIMEOUT_S)
-        if waiting:
-            producer, held = self._unsettled.get(generation_id, (self.producer, set()))
-            self._unsettled[generation_id] = (producer, {f for f in held if not f.done()} | waiting)
-            raise KafkaTimeoutError(f"no ack within {ACK_TIMEOUT_S:.0f} s")
-        for future in futures:
-            if not future.cancelled() and future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
-
-    async def _settle(self, generation_id: str) -> None:
-        """Before a retried generation reads what it saved: every append of its failed attempt has landed or
-        failed, or its producer was closed for good, so none can land behind the reading."""
-        held = self._unsettled.get(generation_id)
-        if held is None:
-            return
-        producer, futures = held
-        waiting = {f for f in futures if not f.done()}
-        if waiting and producer not in self._closed_producers:
-            _, waiting = await asyncio.wait(waiting, timeout=ACK_TIMEOUT_S)
-            if waiting and producer not in self._closed_producers:
-                self._unsettled[generation_id] = (producer, waiting)
-                raise KafkaTimeoutError(f"{len(waiting)} appends of the failed attempt still unacknowledged")
-        del self._unsettled[generation_id]
-
-    async def _renew_producer(self, exc: BaseException) -> None:
-        """A new idempotent producer (a new producer id, sequences from 0). When every broker restarted while
-        batches were in flight, the brokers keep an older sequence than the producer, and aiokafka retries
-        those appends for good (OutOfOrderSequenceNumber); a request that failed on Kafka retries through a
-        fresh producer, at most one renewal per PRODUCER_RENEW_GAP_S."""
-        async with self._producer_lock:
-            if time.monotonic() - self._producer_renewed < PRODUCER_RENEW_GAP_S:
-                return
-            fresh = make_producer(self.settings.kafka_bootstrap)
-            try:
-                await fresh.start()
-            except Exception as failed:  # noqa: BLE001 - Kafka still down: keep the old one, renew on a later retry
-                with contextlib.suppress(Exception):
-                    await fresh.stop()
-                log.info("worker %s: no new Kafka producer yet (%s)", self.worker_id, type(failed).__name__)
-                return
-            old, self.producer = self.producer, fresh
-            self._producer_renewed = time.monotonic()
-            log.warning("worker %s: new Kafka producer after %s", self.worker_id, type(exc).__name__)
-            # Its batches land now (Kafka is back) or never: stopped in time, or closed for good. The retries
-            # that settle on it wait here, so none reads its saved tokens while they may still land.
-            try:
-                await asyncio.wait_for(old.stop(), ACK_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - still stuck: what it holds is what the retries replace
-                await _close_for_good(old)
-            self._closed_producers.add(old)
+            self.appender.forget(req.generation_id)
 
     async def _generate_owned(self, req: GenerationRequested, picked_at: float) -> None:
         if is_stale(req, picked_at):
@@ -672,16 +620,3 @@ async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
     finally:
         for w in waiters:
             w.cancel()
-
-
-async def _close_for_good(producer: Any) -> None:
-    """Stop a producer's sender and close its connections without flushing: the batches it still holds are
-    dropped, never sent (aiokafka's ``stop`` flushes first, and cancelled mid-flush leaves the sender running)."""
-    sender = getattr(producer, "_sender", None)
-    if sender is not None:
-        with contextlib.suppress(Exception):
-            await sender.close()
-    client = getattr(producer, "client", None)
-    if client is not None:
-        with contextlib.suppress(Exception):
-            await client.close()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from consumers.generation import worker as worker_module
+from consumers.generation import appending
 from infra.config.settings import Settings
 from schemas import GenerationFinished, TokensAppended
 from tests.integration.worker_requests import one_reply, quick_renewing_worker, streamed
@@ -65,7 +65,7 @@ async def test_a_retry_after_an_outage_waits_for_the_held_appends_and_numbers_ea
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     worker = quick_renewing_worker(settings, monkeypatch, "held", ack_timeout_s=1.0)
     held: HeldProducer | None = None
-    real_make = worker_module.make_producer
+    real_make = appending.make_producer
 
     def make_producer(bootstrap: str, **kwargs: Any) -> Any:  # no new producer starts while every broker is down
         fresh = real_make(bootstrap, **kwargs)
@@ -75,7 +75,7 @@ async def test_a_retry_after_an_outage_waits_for_the_held_appends_and_numbers_ea
             fresh.start = refused  # type: ignore[method-assign]
         return fresh
 
-    monkeypatch.setattr(worker_module, "make_producer", make_producer)
+    monkeypatch.setattr(appending, "make_producer", make_producer)
 
     def during(events: list[Any], start: object) -> None:
         nonlocal held

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from consumers.generation import worker as worker_module
+from consumers.generation import appending
 from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config.plans import Plan
@@ -86,8 +86,8 @@ def quick_renewing_worker(settings: Settings, monkeypatch: Any, worker_id: str,
     whose producer may be renewed at once: the producer-fault tests' worker."""
     from tests.fakes import FakeEngine
 
-    monkeypatch.setattr(worker_module, "ACK_TIMEOUT_S", ack_timeout_s, raising=False)
-    monkeypatch.setattr(worker_module, "PRODUCER_RENEW_GAP_S", 0.0, raising=False)
+    monkeypatch.setattr(appending, "ACK_TIMEOUT_S", ack_timeout_s)
+    monkeypatch.setattr(appending, "PRODUCER_RENEW_GAP_S", 0.0)
     return GenerationWorker(settings, Limits("large", "fake", max_model_len=512),
                             FakeEngine(reply=REPLY, step_delay=0.05), capacity=4, worker_id=worker_id,
                             plans=PLANS)  # type: ignore[arg-type]
