@@ -169,8 +169,10 @@ class Admission:
             log.info("generation %s already settled; redelivered request skipped", event.generation_id, extra=ids)
         else:
             DECISIONS.labels(plan=event.plan, outcome="admitted").inc()
+            admitted = outs[0].event
             log.info("generation %s user %s admitted: %d tokens reserved (%s), pool %s", event.generation_id,
-                     event.user_id, outcome.amount, outcome.state, outs[0].event.pool,  # type: ignore[attr-defined]
+                     event.user_id, outcome.amount, outcome.state,
+                     admitted.pool if isinstance(admitted, RequestAdmitted) else None,
                      extra={**ids, "reserved_tokens": outcome.amount})
         return outs
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -66,10 +67,13 @@ async def delete_prefixed_async(bootstrap: str, prefix: str) -> int:
         await admin.close()
 
 
-def _raise_for_errors(response: object) -> None:
-    # each entry: (topic, error_code[, error_message]); 36 = TOPIC_ALREADY_EXISTS, a race with another caller
-    failed = [(e[0], e[1], e[2] if len(e) > 2 else "") for e in response.topic_errors  # type: ignore[attr-defined]
-              if e[1] not in (0, 36)]
+class _CreateTopicsResponse(Protocol):
+    topic_errors: Sequence[tuple[Any, ...]]  # each: (topic, error_code[, error_message])
+
+
+def _raise_for_errors(response: _CreateTopicsResponse) -> None:
+    # 36 = TOPIC_ALREADY_EXISTS, a race with another caller
+    failed = [(e[0], e[1], e[2] if len(e) > 2 else "") for e in response.topic_errors if e[1] not in (0, 36)]
     if failed:
         raise RuntimeError("creating topics failed: " + "; ".join(f"{t}: error {c} {m}" for t, c, m in failed))
 

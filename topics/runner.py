@@ -87,8 +87,9 @@ async def _until_done_or_failed(loop: asyncio.Task[None], background: list[async
     while loop in pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            failure = None if task.cancelled() else task.exception()
+            if failure is not None:
+                raise failure
 
 
 async def run_stages(*stages: Runner, restart_s: float = 1.0, max_restart_s: float = 30.0) -> None:

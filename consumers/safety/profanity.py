@@ -38,7 +38,8 @@ def load_scorer() -> Scorer:
         log.warning("profanity model: the direct evaluation disagrees with predict_prob; using predict_prob")
     except (AttributeError, IndexError, TypeError, ValueError) as exc:
         log.warning("profanity model has an unexpected shape (%s); using predict_prob", exc)
-    return predict_prob  # type: ignore[no-any-return]
+    fallback: Scorer = predict_prob  # profanity_check ships no type hints
+    return fallback
 
 
 def _direct(vectorizer: Any, model: Any) -> Scorer:

@@ -194,8 +194,8 @@ class Settings:
         env.update({env_var(POOL_PREFIX + k): v for k, v in self.pool_overrides})
         return env
 
-    def with_(self, **changes: object) -> Settings:
-        return replace(self, **changes)  # type: ignore[arg-type]
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
 
     @property
     def kafka_bootstrap(self) -> str:

@@ -10,6 +10,7 @@ from consumers.generation.coalescing import FlushPolicy
 from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config import logs as logconfig
+from infra.config.pools import PoolConfig
 from infra.config.settings import Settings
 from infra.local.loop import run as run_loop
 from infra.local.model import ready_pool
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> None:
+async def _serve(settings: Settings, pool: PoolConfig, args: argparse.Namespace) -> None:
     import redis.asyncio as aioredis
 
     from consumers.generation.engine import VllmEngine
@@ -45,17 +46,17 @@ async def _serve(settings: Settings, pool: object, args: argparse.Namespace) -> 
 
     classifier = EmbeddedClassifier(RulesFile(settings.safety_file))  # before the engine: a bad rules file fails fast
     cluster, session = connect(settings)  # the data keys: prompts arrive sealed, tokens leave sealed
-    engine = SimEngine.for_pool(pool) if pool.engine == "sim" else VllmEngine(pool)  # type: ignore[attr-defined,arg-type]
-    limits = Limits(pool.name, pool.served_model_name, pool.max_model_len)  # type: ignore[attr-defined]
-    worker = GenerationWorker(settings, limits, engine, args.capacity or pool.held_requests,  # type: ignore[attr-defined]
-                              metrics_port=pool.metrics_port if args.metrics_port is None  # type: ignore[attr-defined]
+    engine = SimEngine.for_pool(pool) if pool.engine == "sim" else VllmEngine(pool)
+    limits = Limits(pool.name, pool.served_model_name, pool.max_model_len)
+    sealer = configured(settings, AsyncSession(session), aioredis.Redis.from_url(settings.redis_url))
+    worker = GenerationWorker(settings, limits, engine, args.capacity or pool.held_requests,
+                              metrics_port=pool.metrics_port if args.metrics_port is None
                               else args.metrics_port, metrics_host=args.metrics_host, classifier=classifier,
-                              sealer=configured(settings, AsyncSession(session),
-                                                aioredis.Redis.from_url(settings.redis_url)),
-                              flush=FlushPolicy(pool.flush_ms / 1000, pool.flush_tokens),  # type: ignore[attr-defined]
-                              on_ready=lambda w: print(f"worker ready pool={pool.name} "  # type: ignore[attr-defined]
+                              sealer=sealer,
+                              flush=FlushPolicy(pool.flush_ms / 1000, pool.flush_tokens),
+                              on_ready=lambda w: print(f"worker ready pool={pool.name} "
                                                        f"metrics_port={w.metrics_port}", flush=True))
-    worker.sealer.keys.start()  # heard from the first request on, so a live key is read once
+    sealer.keys.start()  # heard from the first request on, so a live key is read once
     standing = _stand_ins(settings, load_pools(settings), pool, engine, worker, classifier, args.capacity)
 
     def stop() -> None:

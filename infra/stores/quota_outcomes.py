@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Literal, cast
 
 from infra.config.plans import Plan
 from schemas import UsageRecorded
+from schemas.gateway import PlanName
+from schemas.generation import Status
 
 RefusalReason = Literal["daily_budget", "rate_limit", "concurrency"]
+ReservationState = Literal["admitted", "existing", "settled"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class Reservation:
     conversation_id: str
     created_at: float
     expires_at: float
-    state: Literal["admitted", "existing", "settled"] = "admitted"  # settled: it already ran, do not admit again
+    state: ReservationState = "admitted"  # settled: it already ran, do not admit again
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,9 @@ class Settled:
     def usage_recorded(self) -> UsageRecorded:
         return UsageRecorded(
             generation_id=self.generation_id, conversation_id=self.conversation_id, user_id=self.user_id,
-            plan=self.plan,  # type: ignore[arg-type]  # plans are checked when the reservation is made
-            model=self.model, pool=self.pool, status=self.status,  # type: ignore[arg-type]
+            plan=cast(PlanName, self.plan),  # plans are checked when the reservation is made
+            model=self.model, pool=self.pool,
+            status=cast(Status, self.status),  # written from the GenerationFinished it settles
             day=self.day, tokens_in=self.tokens_in, tokens_out=self.tokens_out, tokens_cached=self.tokens_cached,
             reserved_tokens=self.reserved, charged_tokens=self.charged, started_at=self.started_at,
             finished_at=self.finished_at or self.settled_at, block_category=self.block_category,
@@ -92,7 +96,8 @@ def reservation_from(fields: dict[str, str], state: str) -> Reservation:
         generation_id=fields["generation_id"], user_id=fields["user_id"], plan=fields["plan"], day=fields["day"],
         amount=int(fields["amount"]), prompt_tokens=int(fields["prompt"]), reply_cap=int(fields["reply_cap"]),
         conversation_id=fields.get("conversation_id", ""), created_at=float(fields["created_at"]),
-        expires_at=float(fields.get("expires_at", 0) or 0), state=state)  # type: ignore[arg-type]
+        expires_at=float(fields.get("expires_at", 0) or 0),
+        state=cast(ReservationState, state))  # what the reserve script answers: admitted, existing or settled
 
 
 def settled_from(fields: dict[str, str]) -> Settled:

@@ -16,7 +16,7 @@ import hmac
 import os
 import sys
 from array import array
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeGuard, TypeVar, cast
 
 import msgspec
 from cryptography.exceptions import InvalidTag
@@ -63,8 +63,17 @@ _JSON: dict[str, msgspec.json.Decoder[Any]] = {
 }
 
 
-def is_sealed(value: object) -> bool:
+def is_sealed(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and value.startswith(PREFIX)
+
+
+class _InConversation(Protocol):
+    conversation_id: str
+
+
+def _conversation_of(event: object) -> str:
+    """Every event with sealed fields (``SEALED_FIELDS``, ``SEALED_TOGETHER``) belongs to one conversation."""
+    return cast(_InConversation, event).conversation_id
 
 
 def seal_bytes(key: AESGCM, conversation_id: str, data: bytes) -> str:
@@ -120,8 +129,9 @@ class Sealer:
         for name, kind in fields.items():
             value = getattr(event, name)
             if value and not is_sealed(value):
-                key = await self.keys.get(event.conversation_id)  # type: ignore[attr-defined]
-                changes[name] = seal_bytes(key, event.conversation_id, _pack(kind, value))  # type: ignore[attr-defined]
+                conversation_id = _conversation_of(event)
+                key = await self.keys.get(conversation_id)
+                changes[name] = seal_bytes(key, conversation_id, _pack(kind, value))
         return msgspec.structs.replace(event, **changes) if changes else event
 
     async def _seal_together(self, event: Any, field: str) -> Any:
@@ -139,7 +149,7 @@ class Sealer:
         """The event with its text back; ``KeyGone`` when the conversation's key was destroyed."""
         together = SEALED_TOGETHER.get(type(event))
         if together is not None and is_sealed(getattr(event, together)):
-            conversation_id: str = event.conversation_id  # type: ignore[attr-defined]
+            conversation_id = _conversation_of(event)
             key = await self.keys.get(conversation_id)
             text, ids, logprobs = _TOGETHER.decode(open_bytes(key, conversation_id, getattr(event, together)))
             return msgspec.structs.replace(event, text=text, token_ids=ids, logprobs=logprobs, **{together: ""})
@@ -150,8 +160,9 @@ class Sealer:
         for name, kind in fields.items():
             value = getattr(event, name)
             if is_sealed(value):
-                key = await self.keys.get(event.conversation_id)  # type: ignore[attr-defined]
-                changes[name] = _unpack(kind, open_bytes(key, event.conversation_id, value))  # type: ignore[attr-defined]
+                conversation_id = _conversation_of(event)
+                key = await self.keys.get(conversation_id)
+                changes[name] = _unpack(kind, open_bytes(key, conversation_id, value))
         return msgspec.structs.replace(event, **changes) if changes else event
 
     async def seal_text(self, conversation_id: str, text: str | None) -> str | None:
@@ -165,7 +176,7 @@ class Sealer:
             return value
         try:
             key = await self.keys.get(conversation_id)
-            return open_bytes(key, conversation_id, value).decode()  # type: ignore[arg-type]
+            return open_bytes(key, conversation_id, value).decode()
         except KeyGone:
             return None
 

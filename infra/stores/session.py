@@ -49,7 +49,7 @@ def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Ses
     )
     session = cluster.connect()
     # No `USE`: AsyncSession names the keyspace on each prepared statement instead.
-    session.parley_keyspace = settings.keyspace if keyspace == "" else keyspace  # type: ignore[attr-defined]
+    session.parley_keyspace = settings.keyspace if keyspace == "" else keyspace
     return cluster, session
 
 
@@ -107,19 +107,19 @@ def _bridge(future: ResponseFuture) -> asyncio.Future[Page]:
 
     def done(rows: list[Any]) -> None:
         page = Page(list(rows or []), future._paging_state)  # noqa: SLF001 - the driver's only handle on it
-        loop.call_soon_threadsafe(_settle, result, page, None)
+        loop.call_soon_threadsafe(_settle, result, page)
 
     def failed(exc: BaseException) -> None:
-        loop.call_soon_threadsafe(_settle, result, None, exc)
+        loop.call_soon_threadsafe(_settle, result, exc)
 
     future.add_callbacks(done, failed)
     return result
 
 
-def _settle(result: asyncio.Future[Page], page: Page | None, exc: BaseException | None) -> None:
+def _settle(result: asyncio.Future[Page], outcome: Page | BaseException) -> None:
     if result.done():
         return
-    if exc is not None:
-        result.set_exception(exc)
+    if isinstance(outcome, BaseException):
+        result.set_exception(outcome)
     else:
-        result.set_result(page)  # type: ignore[arg-type]
+        result.set_result(outcome)

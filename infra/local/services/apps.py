@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infra.config.settings import Settings, env_var
 from infra.local.errors import ServiceFailed
@@ -60,10 +61,10 @@ class AppSpec:
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> AppSpec:
         known = {f.name for f in dataclasses.fields(cls)} - {"env"}
-        values = {k: v for k, v in data.items() if k in known}
-        values["command"] = tuple(values.get("command") or ())  # type: ignore[arg-type]
-        values["markers"] = tuple(values.get("markers") or ())  # type: ignore[arg-type]
-        return cls(**values)  # type: ignore[arg-type]
+        values: dict[str, Any] = {k: v for k, v in data.items() if k in known}  # as read back from JSON
+        values["command"] = tuple(values.get("command") or ())
+        values["markers"] = tuple(values.get("markers") or ())
+        return cls(**values)
 
 
 # ------------------------------------------------------------------ what to start

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import cast
 
 from rich.console import Console
 
@@ -143,7 +144,7 @@ class Redis(Service):
         try:
             if not client.ping():
                 return Probe(False, detail="PING failed")
-            info: dict[str, object] = client.info("server")  # type: ignore[assignment]
+            info = cast(dict[str, object], client.info("server"))  # the sync client answers a dict
             return Probe(True, version=str(info.get("redis_version")), detail="PING ok")
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
             return Probe(False, detail=f"{type(exc).__name__}: {exc}"[:200])
