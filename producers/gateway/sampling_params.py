@@ -57,7 +57,7 @@ def parse(body: Mapping[str, Any], max_tokens: int | None = None) -> Parsed:
     if top_logprobs and not logprobs:
         raise invalid("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs")
     min_tokens = _int(body, "min_tokens", 0, max_tokens if max_tokens is not None else MAX_REPLY_TOKENS)
-    fields = {
+    fields: dict[str, Any] = {  # one value per Sampling field, each of its field's type
         "top_p": _number(body, "top_p", 0.0, 1.0, open_low=True), "top_k": _int(body, "top_k", -1, 1 << 20),
         "min_p": _number(body, "min_p", 0.0, 1.0), "seed": _int(body, "seed", -MAX_SEED - 1, MAX_SEED),
         "stop": _stop(body.get("stop")),

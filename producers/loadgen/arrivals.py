@@ -22,7 +22,8 @@ def poisson(rate: float, seconds: float, rng: random.Random, start: float = 0.0)
     """Arrival offsets in ``[start, start + seconds)`` at ``rate`` a second on average."""
     if rate <= 0 or seconds <= 0:
         return []
-    out, t = [], start
+    out: list[float] = []
+    t = start
     while True:
         t += rng.expovariate(rate)
         if t >= start + seconds:
