@@ -201,9 +201,9 @@ class SimCore:
         self.now += duration
         outputs = list(done)
         for seq in scheduled:
-            out = self._advance(seq, plan[id(seq)])
-            if out is not None:
-                outputs.append(out)
+            advanced = self._advance(seq, plan[id(seq)])
+            if advanced is not None:
+                outputs.append(advanced)
         return StepResult(duration, tuple(outputs), len(scheduled), prefill)
 
     def _schedule_running(self, plan: dict[int, int], budget: int) -> int:
