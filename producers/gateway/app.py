@@ -42,6 +42,13 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app.add_middleware(TrustedHosts, settings=settings)  # before any route: DNS rebinding gets nothing
     app.add_middleware(Guard, settings=settings)  # outermost: body size and refusal budget before anything
     install_error_handlers(app)
+    _include_routes(app)
+    _offline_docs(app)
+    _probes(app, gateway)
+    return app
+
+
+def _include_routes(app: FastAPI) -> None:
     from producers.gateway import (
         routes_account,
         routes_chat,
@@ -70,8 +77,9 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     app.include_router(routes_share.router)
     app.include_router(routes_share.page_router)
     routes_web.mount(app)
-    _offline_docs(app)
 
+
+def _probes(app: FastAPI, gateway: Gateway) -> None:
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "gateway": gateway.gateway_id}
@@ -80,8 +88,6 @@ def create_app(settings: Settings, models: dict[str, str], quota: object | None 
     async def metrics() -> Response:
         """Prometheus text format: TTFT, tokens/s, replies, refusals, reconnects (producers/gateway/metrics.py)."""
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
-
-    return app
 
 
 def _offline_docs(app: FastAPI) -> None:
@@ -102,75 +108,88 @@ def _offline_docs(app: FastAPI) -> None:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _render(request, exc)
+    """Every error a client can meet, in the documented shape (OpenAI's on OpenAI's paths)."""
+    app.exception_handler(ApiError)(_api_error)
+    app.exception_handler(StarletteHTTPException)(_http_error)
+    app.exception_handler(RequestValidationError)(_invalid)
+    app.exception_handler(UnicodeEncodeError)(_not_unicode)
+    app.exception_handler(Exception)(_crashed)
+    app.exception_handler(KafkaError)(_kafka_down)
+    app.exception_handler(MessageSizeTooLargeError)(_kafka_too_large)
+    app.exception_handler(NoHostAvailable)(_cassandra_down)
+    app.exception_handler(DriverException)(_cassandra_error)
+    app.exception_handler(RedisConnectionError)(_redis_down)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        """No route for this path (404) or method (405): OpenAI's shape for OpenAI's paths and anything
-        unknown under /v1 (an OpenAI client calling an endpoint Parley lacks); the native shape elsewhere."""
-        path = request.url.path
-        if exc.status_code in (404, 405) and (openai_compat.applies(path) or (
-                path.startswith("/v1/") and exc.status_code == 404)):
-            body = openai_compat.unknown_route(request.method, path, exc.status_code)
-            return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-        # Everything else (405 on native routes, an unreadable body) in the documented error shape.
-        response = _render(request, from_framework(exc.status_code, exc.detail))
-        response.headers.update(exc.headers or {})  # 405's Allow
-        return response
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-            problems.append("the body is not valid JSON" if err.get("type") == "json_invalid"
-                            else f"{where}: {err.get('msg')}")
-        return _render(request, ApiError(422, "invalid_request", "; ".join(problems)))
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return _render(request, exc)
 
-    @app.exception_handler(UnicodeEncodeError)
-    async def not_unicode(request: Request, exc: UnicodeEncodeError) -> JSONResponse:
-        # A lone surrogate that slipped past the models' checks: bad input, not a server fault.
-        return _render(request, ApiError(422, "invalid_text", "The text is not valid Unicode (a lone surrogate)."))
 
-    @app.exception_handler(Exception)
-    async def crashed(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path)
-        return _render(request, ApiError(500, "internal_error", "Something went wrong on our side; "
-                                                               "nothing was charged. Try again."))
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """No route for this path (404) or method (405): OpenAI's shape for OpenAI's paths and anything
+    unknown under /v1 (an OpenAI client calling an endpoint Parley lacks); the native shape elsewhere."""
+    path = request.url.path
+    if exc.status_code in (404, 405) and (openai_compat.applies(path) or (
+            path.startswith("/v1/") and exc.status_code == 404)):
+        body = openai_compat.unknown_route(request.method, path, exc.status_code)
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+    # Everything else (405 on native routes, an unreadable body) in the documented error shape.
+    response = _render(request, from_framework(exc.status_code, exc.detail))
+    response.headers.update(exc.headers or {})  # 405's Allow
+    return response
 
-    async def backend(request: Request, name: str, exc: Exception) -> JSONResponse:
-        log.warning("backend %s unreachable: %s", name, type(exc).__name__)
-        return _render(request, unavailable(name))
 
-    @app.exception_handler(KafkaError)
-    async def kafka_down(request: Request, exc: KafkaError) -> JSONResponse:
-        return await backend(request, "Kafka", exc)
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        problems.append("the body is not valid JSON" if err.get("type") == "json_invalid"
+                        else f"{where}: {err.get('msg')}")
+    return _render(request, ApiError(422, "invalid_request", "; ".join(problems)))
 
-    @app.exception_handler(MessageSizeTooLargeError)
-    async def kafka_too_large(request: Request, exc: MessageSizeTooLargeError) -> JSONResponse:
-        # Kafka itself refused the record as too large (a limit lower than the gateway's own check):
-        # the same request can never succeed, so no Retry-After.
-        log.warning("a request was too large for one Kafka record: %s", type(exc).__name__)
-        return _render(request, too_large("The request is too large for one Kafka record. Send a shorter "
-                                          "history or fewer messages."))
 
-    @app.exception_handler(NoHostAvailable)
-    async def cassandra_down(request: Request, exc: NoHostAvailable) -> JSONResponse:
-        return await backend(request, "Cassandra", exc)
+async def _not_unicode(request: Request, exc: UnicodeEncodeError) -> JSONResponse:
+    # A lone surrogate that slipped past the models' checks: bad input, not a server fault.
+    return _render(request, ApiError(422, "invalid_text", "The text is not valid Unicode (a lone surrogate)."))
 
-    @app.exception_handler(DriverException)
-    async def cassandra_error(request: Request, exc: DriverException) -> JSONResponse:
-        if isinstance(exc, RequestValidationException):
-            # Cassandra refused the query itself (a schema that lags the code, say): our fault, not an outage,
-            # so it is not worth the client's retry.
-            return await crashed(request, exc)
-        return await backend(request, "Cassandra", exc)
 
-    @app.exception_handler(RedisConnectionError)
-    async def redis_down(request: Request, exc: RedisConnectionError) -> JSONResponse:
-        return await backend(request, "Redis", exc)
+async def _crashed(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path)
+    return _render(request, ApiError(500, "internal_error", "Something went wrong on our side; "
+                                                           "nothing was charged. Try again."))
+
+
+async def _backend(request: Request, name: str, exc: Exception) -> JSONResponse:
+    log.warning("backend %s unreachable: %s", name, type(exc).__name__)
+    return _render(request, unavailable(name))
+
+
+async def _kafka_down(request: Request, exc: KafkaError) -> JSONResponse:
+    return await _backend(request, "Kafka", exc)
+
+
+async def _kafka_too_large(request: Request, exc: MessageSizeTooLargeError) -> JSONResponse:
+    # Kafka itself refused the record as too large (a limit lower than the gateway's own check):
+    # the same request can never succeed, so no Retry-After.
+    log.warning("a request was too large for one Kafka record: %s", type(exc).__name__)
+    return _render(request, too_large("The request is too large for one Kafka record. Send a shorter "
+                                      "history or fewer messages."))
+
+
+async def _cassandra_down(request: Request, exc: NoHostAvailable) -> JSONResponse:
+    return await _backend(request, "Cassandra", exc)
+
+
+async def _cassandra_error(request: Request, exc: DriverException) -> JSONResponse:
+    if isinstance(exc, RequestValidationException):
+        # Cassandra refused the query itself (a schema that lags the code, say): our fault, not an outage,
+        # so it is not worth the client's retry.
+        return await _crashed(request, exc)
+    return await _backend(request, "Cassandra", exc)
+
+
+async def _redis_down(request: Request, exc: RedisConnectionError) -> JSONResponse:
+    return await _backend(request, "Redis", exc)
 
 
 def _render(request: Request, err: ApiError) -> JSONResponse:

@@ -9,7 +9,7 @@ waits on ``queue.get()`` alone, and an event costs a put and a get.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 TICK: Any = object()  # put only by a stream's own ticker; the relay never puts it
@@ -21,7 +21,7 @@ async def _tick(queue: asyncio.Queue[Any], every_s: float) -> None:
         queue.put_nowait(TICK)
 
 
-async def paced(queue: asyncio.Queue[Any], every_s: float, *, every_tick: bool = False) -> AsyncIterator[Any]:
+async def paced(queue: asyncio.Queue[Any], every_s: float, *, every_tick: bool = False) -> AsyncGenerator[Any, None]:
     """Each item of ``queue`` as it comes, and ``None`` for silence: after each tick interval in which no item
     came (so after ``every_s`` to ``2 * every_s`` of silence), or at every tick when ``every_tick``."""
     ticker = asyncio.create_task(_tick(queue, every_s), name="stream-ticker")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -34,7 +34,7 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
                  retracted: Callable[[], Awaitable[bool]] | None = None,
                  on_event: Callable[[Any], None] | None = None,
                  worker_alive: Callable[[str], Awaitable[bool]] | None = None,
-                 kafka_quiet_s: Callable[[], float | None] | None = None) -> AsyncIterator[bytes]:
+                 kafka_quiet_s: Callable[[], float | None] | None = None) -> AsyncGenerator[bytes, None]:
     """``queue``/``first``: a live subscription made before the request was produced (no replay needed).
     ``retracted``: whether the output check retracted the reply; its text is then never replayed.
     ``on_event`` sees each event of ``first`` and the live ones just before they are sent (metrics).
@@ -46,52 +46,19 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
     watch = Recovery(worker_alive, kafka_quiet_s)
     OPEN_STREAMS.inc()
     beat = asyncio.create_task(keep_beating(heartbeat, beat_every_s))
-    last = after if after is not None else -1
+    sent = _Sent(after if after is not None else -1)
     try:
         if first is not None:
-            for offset, event in first:
-                if not watch.saw(event):
-                    continue
-                seen(event)
-                for f in to_sse(offset, event):
-                    yield f
-                last = max(last, offset)
-                if is_last(event):
-                    return
+            head = _caught(first, sent, watch, seen)
         else:
-            replayed = 0
             hide = retracted is not None and await retracted()
-            try:
-                async for offset, event in relay.replay(generation_id, after, since_ms):
-                    replayed += 1
-                    if hide and isinstance(event, TokensAppended):
-                        last = offset
-                        continue  # still in the buffer, but withdrawn: the retracted frame comes instead
-                    if not watch.saw(event):
-                        continue
-                    for f in to_sse(offset, event):
-                        yield f
-                    last = offset
-                    if is_last(event):
-                        return
-            except Aged:
-                for f in await saved():
-                    yield f
-                return
-            if replayed == 0:
-                # Nothing after ``after``: at (or past) the end. A finished generation ends the stream now
-                # with its final state (re-sent under its own id), or the saved reply; a live one goes on.
-                final = await relay.final_event(generation_id, since_ms) if after is not None else None
-                if final is not None:
-                    for f in to_sse(*final):
-                        yield f
-                    return
-                snapshot = await saved()
-                if snapshot:  # the buffer no longer has it, but the reply is saved: serve that
-                    for f in snapshot:
-                        yield f
-                    return
-        async with contextlib.aclosing(_live(live, last, keepalive_s, watch, seen)) as frames:
+            head = _replayed(relay, generation_id, after, since_ms, hide, saved, sent, watch)
+        async with contextlib.aclosing(head) as frames:
+            async for f in frames:
+                yield f
+        if sent.ended:
+            return
+        async with contextlib.aclosing(_live(live, sent.last, keepalive_s, watch, seen)) as frames:
             async for f in frames:
                 yield f
     finally:
@@ -100,6 +67,76 @@ async def follow(relay: TokenRelay, generation_id: str, *, after: int | None, si
         with contextlib.suppress(asyncio.CancelledError):
             await beat
         relay.unsubscribe(generation_id, live)
+
+
+class _Sent:
+    """How far one stream has gone before it turns live: the last offset sent, and whether it already ended."""
+
+    def __init__(self, last: int) -> None:
+        self.last, self.ended = last, False
+
+
+async def _caught(first: list[tuple[int, Any]], sent: _Sent, watch: Recovery,
+                  seen: Callable[[Any], None]) -> AsyncGenerator[bytes, None]:
+    """The events a subscription made before the request was produced has already caught."""
+    for offset, event in first:
+        if not watch.saw(event):
+            continue
+        seen(event)
+        for f in to_sse(offset, event):
+            yield f
+        sent.last = max(sent.last, offset)
+        if is_last(event):
+            sent.ended = True
+            return
+
+
+async def _replayed(relay: TokenRelay, generation_id: str, after: int | None, since_ms: int, hide: bool,
+                    saved: Callable[[], Awaitable[list[bytes]]], sent: _Sent,
+                    watch: Recovery) -> AsyncGenerator[bytes, None]:
+    """The buffered events after ``after`` (token chunks left out when ``hide``: the reply was retracted); the
+    saved reply when the buffer has aged past them; the end when nothing follows ``after``."""
+    replayed = 0
+    try:
+        async for offset, event in relay.replay(generation_id, after, since_ms):
+            replayed += 1
+            if hide and isinstance(event, TokensAppended):
+                sent.last = offset
+                continue  # still in the buffer, but withdrawn: the retracted frame comes instead
+            if not watch.saw(event):
+                continue
+            for f in to_sse(offset, event):
+                yield f
+            sent.last = offset
+            if is_last(event):
+                sent.ended = True
+                return
+    except Aged:
+        for f in await saved():
+            yield f
+        sent.ended = True
+        return
+    if replayed == 0:
+        async with contextlib.aclosing(_finished(relay, generation_id, after, since_ms, saved, sent)) as frames:
+            async for f in frames:
+                yield f
+
+
+async def _finished(relay: TokenRelay, generation_id: str, after: int | None, since_ms: int,
+                    saved: Callable[[], Awaitable[list[bytes]]], sent: _Sent) -> AsyncGenerator[bytes, None]:
+    """Nothing after ``after``: at (or past) the end. A finished generation ends the stream now with its final
+    state (re-sent under its own id), or the saved reply; a live one goes on."""
+    final = await relay.final_event(generation_id, since_ms) if after is not None else None
+    if final is not None:
+        for f in to_sse(*final):
+            yield f
+        sent.ended = True
+        return
+    snapshot = await saved()
+    if snapshot:  # the buffer no longer has it, but the reply is saved: serve that
+        for f in snapshot:
+            yield f
+        sent.ended = True
 
 
 class Recovery:
@@ -168,7 +205,7 @@ class Recovery:
 
 
 async def _live(live: asyncio.Queue[tuple[int, Any]], last: int, keepalive_s: float, watch: Recovery,
-                seen: Callable[[Any], None]) -> AsyncIterator[bytes]:
+                seen: Callable[[Any], None]) -> AsyncGenerator[bytes, None]:
     """Live events after ``last``; at each tick of the stream's one timer, the ``recovering`` check and,
     after ``keepalive_s`` of silence, a keep-alive. An event costs a queue put and get, no timer."""
     quiet_since = time.monotonic()
