@@ -11,12 +11,13 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from infra.stores import keys
 from infra.stores.session import AsyncSession
 from schemas import new_id
 from schemas.errors import ParleyError
+from schemas.gateway import PlanName
 
 TOKEN_PREFIX = "pk_"
 DEFAULT_TTL_DAYS = 90
@@ -27,7 +28,7 @@ MAX_LIVE_TOKENS = 50  # per user: enough for every device and script, not a tabl
 @dataclass(frozen=True)
 class User:
     user_id: str
-    plan: str
+    plan: PlanName
     display_name: str | None = None
 
 
@@ -89,7 +90,7 @@ class Accounts:
         """A new user and a fresh bearer token (the only time the token is visible)."""
         if plan not in ("free", "paid", "private"):
             raise ValueError(f"plan must be 'free', 'paid' or 'private', not {plan!r}")
-        user = User(new_id(), plan, display_name)
+        user = User(new_id(), cast(PlanName, plan), display_name)  # checked just above
         await self.db.execute(
             "INSERT INTO users (user_id, plan, display_name, created_at) VALUES (?, ?, ?, ?)",
             (user.user_id, plan, display_name, datetime.now(UTC)),

@@ -96,8 +96,8 @@ class Guard:
             await self.app(scope, receive, send)
             return
         caller, length = caller_of(scope["headers"])
-        budgeted = caller is not None and self.budget.enabled
-        if budgeted and (wait := self.budget.wait_s(caller)) > 0:  # type: ignore[arg-type]
+        budgeted = caller if self.budget.enabled else None  # the caller whose refusals are counted
+        if budgeted is not None and (wait := self.budget.wait_s(budgeted)) > 0:
             GUARD_REFUSALS.labels("refusal_budget").inc()
             await _answer(scope, receive, send, ApiError(
                 429, "too_many_refused", f"Too many of your requests were refused lately: after {self.budget.burst} "
@@ -114,8 +114,8 @@ class Guard:
                     await self._too_large(scope, receive, send, None)
                     return
                 receive = _replay(chunks, receive)
-        if budgeted:
-            send = self._counting(caller, send)  # type: ignore[arg-type]
+        if budgeted is not None:
+            send = self._counting(budgeted, send)
         await self.app(scope, receive, send)
 
     def _counting(self, caller: bytes, send: Send) -> Send:

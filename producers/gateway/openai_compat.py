@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import orjson
@@ -38,7 +38,8 @@ FINISH_REASONS = {"complete": "stop", "stopped": "stop", "length": "length",  # 
 # encoded (30,001 four-character messages cost the gateway 138 ms to refuse at encoding, 2 ms here)
 MAX_MESSAGES = 2048
 HISTORY_CHARS_FACTOR = 4  # all messages together: up to 4x the one-message limit (Kafka's record size)
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES: dict[str, Literal["system", "user", "assistant"]] = {"system": "system", "developer": "system", "user": "user",
+                                                           "assistant": "assistant"}
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key"})
 TOOL_PARAMS = frozenset({"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"})
 # Parameters Parley does not implement: accepted only at the value that means "not used".
@@ -129,9 +130,14 @@ def resolve_model(model: Any, models: Mapping[str, str], default_pool: str) -> s
     serving = [pool for pool, served in models.items() if served == model]
     if serving:
         return default_pool if default_pool in serving else serving[0]
+    raise _no_such_model(model, models)
+
+
+def _no_such_model(model: str, models: Mapping[str, str]) -> CompatError:
+    """OpenAI's 404, naming the valid ones."""
     names = ", ".join(dict.fromkeys([*models, *models.values()]))
-    raise CompatError(404, "model_not_found", f"The model `{model}` does not exist or you do not have access "
-                                              f"to it. Choose one of: {names}.", "model")
+    return CompatError(404, "model_not_found", f"The model `{model}` does not exist or you do not have access "
+                                               f"to it. Choose one of: {names}.", "model")
 
 
 def messages(raw: Any, max_message_chars: int, tool_request: tools.ToolRequest | None = None) -> list[ChatTurn]:
@@ -175,7 +181,7 @@ def _turn(message: Any, i: int) -> ChatTurn:
                       f"{where}.role")
     if message.get("audio") is not None:
         raise invalid(f"{where}: audio is not supported.", f"{where}.audio", "unsupported_parameter")
-    return ChatTurn(ROLES[role], _text(message.get("content"), f"{where}.content"))  # type: ignore[arg-type]
+    return ChatTurn(ROLES[role], _text(message.get("content"), f"{where}.content"))
 
 
 def _text(content: Any, where: str) -> str:
@@ -281,9 +287,9 @@ def chunk(generation_id: str, model: str, delta: dict[str, Any] | None, finish_r
 def model_object(model_id: str, models: Mapping[str, str], default_pool: str) -> dict[str, Any]:
     """``models.retrieve``: a pool or a served model name, else OpenAI's 404."""
     found = next((m for m in model_list(models, default_pool) if m["id"] == model_id), None)
-    if found is None:
-        resolve_model(model_id, models, default_pool)  # raises the 404 naming the valid ones
-    return found  # type: ignore[return-value]
+    if found is None:  # every name resolve_model accepts is listed
+        raise _no_such_model(model_id, models)
+    return found
 
 
 def sse_data(body: Any) -> bytes:

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
@@ -95,7 +95,7 @@ SSE_OK: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream"
 @router.post("/conversations/{conversation_id}/messages", response_class=StreamingResponse,
              responses=SSE_OK | responses(404, 409, 413, 429))
 async def send_message(request: Request, conversation_id: str, body: SendMessage,
-                       user: User = Depends(current_user)) -> StreamingResponse:
+                       user: User = Depends(current_user)) -> Response:
     gw = gateway_of(request)
     _check_content(gw, body.content)
     pool = _pool(gw, body.model)
@@ -112,7 +112,7 @@ async def send_message(request: Request, conversation_id: str, body: SendMessage
 @router.post("/conversations/{conversation_id}/messages/{message_id}/edit", response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}}}})
 async def edit(request: Request, conversation_id: str, message_id: str, body: EditMessage,
-               user: User = Depends(current_user)) -> StreamingResponse:
+               user: User = Depends(current_user)) -> Response:
     """Edit and resend: a new user message beside ``message_id`` (same turn, same parent) with a new reply."""
     gw = gateway_of(request)
     _check_content(gw, body.content)
@@ -128,7 +128,7 @@ async def edit(request: Request, conversation_id: str, message_id: str, body: Ed
 @router.post("/conversations/{conversation_id}/messages/{message_id}/regenerate",
              response_class=StreamingResponse, responses=SSE_OK | responses(404, 409, 429))
 async def regenerate(request: Request, conversation_id: str, message_id: str, body: Regenerate | None = None,
-                     user: User = Depends(current_user)) -> StreamingResponse:
+                     user: User = Depends(current_user)) -> Response:
     """A new sibling reply to the same user message (``message_id`` may name the user message or a reply)."""
     gw = gateway_of(request)
     body = body or Regenerate()
@@ -159,7 +159,7 @@ async def cancel(request: Request, generation_id: str, user: User = Depends(curr
 @router.get("/generations/{generation_id}/stream", response_class=StreamingResponse,
             responses=SSE_OK | responses(404, 422))
 async def stream(request: Request, generation_id: str, user: User = Depends(current_user),
-                 last_event_id: str | None = Header(default=None)) -> StreamingResponse:
+                 last_event_id: str | None = Header(default=None)) -> Response:
     gw = gateway_of(request)
     owner = await gw.owner(generation_id)
     if owner is None or owner[0] != user.user_id:
@@ -176,14 +176,14 @@ async def stream(request: Request, generation_id: str, user: User = Depends(curr
     except BaseException:
         slot.release()
         raise
-    return slot.holding(response)  # type: ignore[return-value]
+    return slot.holding(response)
 
 
 def _event_id(raw: str | None) -> int | None:
     if raw in (None, ""):
         return None
     try:
-        value = int(raw)  # type: ignore[arg-type]
+        value = int(raw)
     except ValueError as exc:
         raise ApiError(422, "bad_last_event_id", "Last-Event-ID must be an event id this stream sent.") from exc
     if value < 0:
@@ -215,7 +215,7 @@ async def _own_conversation(gw: Gateway, conversation_id: str, user: User) -> No
 
 
 async def _submit(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
-                  client_message_id: str | None, **kwargs: Any) -> StreamingResponse:
+                  client_message_id: str | None, **kwargs: Any) -> Response:
     """The reply's stream, holding one of the user's stream slots until it ends (429 when none is free)."""
     slot = gw.streams.take(user.user_id)  # before anything is put in
     try:
@@ -224,7 +224,7 @@ async def _submit(request: Request, gw: Gateway, user: User, conversation_id: st
     except BaseException:
         slot.release()
         raise
-    return slot.holding(response)  # type: ignore[return-value]
+    return slot.holding(response)
 
 
 async def _submit_held(request: Request, gw: Gateway, user: User, conversation_id: str, content: str, pool: str,
@@ -251,7 +251,7 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
     try:
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
-            plan=user.plan, message_id=message_id, client_message_id=cmid, content=content, pool=pool,  # type: ignore[arg-type]
+            plan=user.plan, message_id=message_id, client_message_id=cmid, content=content, pool=pool,
             parent_id=parent_id, regenerate=regenerate, edit_of=edit_of, gateway_id=gw.gateway_id,
             max_tokens=max_tokens, temperature=sampled.temperature if sampled else None,
             sampling=sampled.sampling if sampled else None))

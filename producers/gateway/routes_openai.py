@@ -156,7 +156,7 @@ async def submit_choices(gw: Gateway, user: User, chat: compat.ChatRequest) -> l
             generation_id = gw.new_generation_id()  # lands on a partition this gateway tails
             accepted = await submission.submit(gw, user, MessageSubmitted(
                 generation_id=generation_id, conversation_id=conv.conversation_id, user_id=user.user_id,
-                plan=user.plan, message_id=message_id, client_message_id=own_client_message_id(generation_id),  # type: ignore[arg-type]
+                plan=user.plan, message_id=message_id, client_message_id=own_client_message_id(generation_id),
                 content=chat.content, pool=chat.pool, max_tokens=chat.max_tokens, temperature=chat.temperature,
                 history=chat.history, gateway_id=gw.gateway_id,
                 sampling=sampling_params.for_choice(chat.sampling, index)))
@@ -204,21 +204,8 @@ async def _completion(request: Request, jobs: list[Job], tool_request: tools.Too
 
 async def _chunks(jobs: list[Job], include_usage: bool, tool_request: tools.ToolRequest | None = None
                   ) -> AsyncGenerator[bytes, None]:
-    gid, beats = jobs[0].generation_id, [job.reading() for job in jobs]
-    sent = {job.index: "" for job in jobs}
-    readers = {job.index: calls.reader(tool_request, job.generation_id) for job in jobs} if tool_request else {}
-    usages: dict[int, Any] = {}
-    opened: set[int] = set()
-
-    def role(job: Job) -> bytes:
-        """A choice's first chunk (its role), sent with its first token as vLLM's server and OpenAI do, not on
-        acceptance: a client timing the first chunk (vLLM's own benchmark does) then measures the first token."""
-        if job.index in opened:
-            return b""
-        opened.add(job.index)
-        return compat.chunk(gid, job.model, {"role": "assistant", "content": ""}, include_usage=include_usage,
-                            index=job.index)
-
+    beats = [job.reading() for job in jobs]
+    choices = _Choices(jobs, include_usage, tool_request)
     try:
         async for job, event in jobs_.merged(jobs, idle_s=jobs[0].gw.keepalive_s):
             if event is None:
@@ -226,44 +213,76 @@ async def _chunks(jobs: list[Job], include_usage: bool, tool_request: tools.Tool
             elif isinstance(event, (GenerationQueued, GenerationStarted)):
                 job.model = event.model
             elif isinstance(event, TokensAppended) and event.text:
-                sent[job.index] += event.text
-                if job.index not in opened:
-                    yield role(job)
-                if tool_request is not None:
-                    for line in _tool_chunks(gid, job.model, tool_request, readers[job.index],
-                                             readers[job.index].feed(event.text), include_usage, job.index):
-                        yield line
-                    continue
-                yield compat.chunk(gid, job.model, {"content": event.text}, include_usage=include_usage,
-                                   index=job.index,
-                                   logprobs=event.logprobs if isinstance(event.logprobs, list) else None)
+                for line in choices.tokens(job, event):
+                    yield line
             elif isinstance(event, RequestRefused):
                 job.finished = True
                 yield compat.sse_data(compat.error_json(submission.Refused(event))[1])
                 return
             elif isinstance(event, GenerationFinished):
                 job.finished = True
-                if event.status == "failed":
-                    yield _failed(event)
-                    return
-                ending = _tool_ending(gid, job.index, event, sent[job.index], include_usage, tool_request,
-                                      readers[job.index]) if tool_request is not None and event.status != "blocked" \
-                    else _ending(gid, job.index, event, sent[job.index], include_usage)
-                for line in [role(job), *ending]:
-                    if line:
-                        yield line
-                usages[job.index] = event.usage
-                if len(usages) == len(jobs):
-                    if include_usage:
-                        yield compat.chunk(gid, event.model, None, usage=compat.total_usage(list(usages.values())),
-                                           include_usage=True)
-                    yield compat.DONE
+                lines, over = choices.finished(job, event)
+                for line in lines:
+                    yield line
+                if over:
                     return
     finally:
         for beat in beats:
             beat.cancel()  # not awaited: this may run inside a cancelled scope (the client left)
         for job in jobs:
             job.close()
+
+
+class _Choices:
+    """The chunk lines of one streamed call's choices: what each has sent, its call reader, and their usage."""
+
+    def __init__(self, jobs: list[Job], include_usage: bool, tool_request: tools.ToolRequest | None) -> None:
+        self.gid, self.count = jobs[0].generation_id, len(jobs)
+        self.include_usage, self.tool_request = include_usage, tool_request
+        self.sent = {job.index: "" for job in jobs}
+        self.readers = {job.index: calls.reader(tool_request, job.generation_id) for job in jobs} \
+            if tool_request else {}
+        self.usages: dict[int, Any] = {}
+        self.opened: set[int] = set()
+
+    def role(self, job: Job) -> bytes:
+        """A choice's first chunk (its role), sent with its first token as vLLM's server and OpenAI do, not on
+        acceptance: a client timing the first chunk (vLLM's own benchmark does) then measures the first token."""
+        if job.index in self.opened:
+            return b""
+        self.opened.add(job.index)
+        return compat.chunk(self.gid, job.model, {"role": "assistant", "content": ""},
+                            include_usage=self.include_usage, index=job.index)
+
+    def tokens(self, job: Job, event: TokensAppended) -> list[bytes]:
+        """A token chunk's lines: the role first if it opens the choice, then the text or the call deltas."""
+        self.sent[job.index] += event.text
+        lines = [self.role(job)] if job.index not in self.opened else []
+        if self.tool_request is not None:
+            reader = self.readers[job.index]
+            return lines + _tool_chunks(self.gid, job.model, self.tool_request, reader, reader.feed(event.text),
+                                        self.include_usage, job.index)
+        return [*lines, compat.chunk(self.gid, job.model, {"content": event.text}, include_usage=self.include_usage,
+                                     index=job.index,
+                                     logprobs=event.logprobs if isinstance(event.logprobs, list) else None)]
+
+    def finished(self, job: Job, event: GenerationFinished) -> tuple[list[bytes], bool]:
+        """A choice's last lines, and whether the stream is over: it failed, or every choice has finished (then
+        the total usage when asked for, and ``[DONE]``)."""
+        if event.status == "failed":
+            return [_failed(event)], True
+        ending = _tool_ending(self.gid, job.index, event, self.sent[job.index], self.include_usage,
+                              self.tool_request, self.readers[job.index]) \
+            if self.tool_request is not None and event.status != "blocked" \
+            else _ending(self.gid, job.index, event, self.sent[job.index], self.include_usage)
+        lines = [line for line in [self.role(job), *ending] if line]
+        self.usages[job.index] = event.usage
+        if len(self.usages) < self.count:
+            return lines, False
+        if self.include_usage:
+            lines.append(compat.chunk(self.gid, event.model, None, usage=compat.total_usage(list(self.usages.values())),
+                                      include_usage=True))
+        return [*lines, compat.DONE], True
 
 
 def _failed(event: GenerationFinished) -> bytes:

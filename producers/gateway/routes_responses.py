@@ -65,35 +65,10 @@ async def create_response(request: Request, body: Any = Body(..., examples=[{"mo
 
 async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseRequest, called: bool) -> Response:
     """``called``: the previous response made calls, and its reply leads ``req.input``."""
-    conversation_id, earlier = await _continued(gw, user, req.previous_response_id)
-    if called:
-        earlier = earlier[:-1]  # the previous reply is in req.input, its calls written as calls
-    if conversation_id is None:
-        keep = req.store and not gw.keeps_nothing(user)  # no-retention plans: not listed, no title
-        # Listed once its reply is saved (as a chat completion's): a refused call leaves no conversation listed.
-        conv = await gw.conversations.create(user.user_id, model=req.pool, source="api", listed=False,
-                                             title=" ".join(req.input[-1].content.split())[:60] if keep else None)
-        conversation_id = conv.conversation_id
-        if not req.store:  # deleted from the start: no stage lists it, titles it or reads it back
-            await gw.conversations.mark_deleted(conv)
-    system = [ChatTurn("system", req.instructions)] if req.instructions else []
-    message_id = new_id()  # before the generation id: the user message sorts before its reply
-    generation_id = gw.new_generation_id()  # lands on a partition this gateway tails
+    conversation_id, earlier = await _conversation(gw, user, req, called)
     echo = req.echo()
-    if req.store:  # before producing: any gateway can answer for it from the first event on
-        await gw.redis.set(keys.response(generation_id), orjson.dumps(
-            {"user_id": user.user_id, "conversation_id": conversation_id, "model": gw.models[req.pool],
-             "echo": await gw.sealer.seal_values(conversation_id, echo, SEALED_ECHO)}), ex=OWNER_TTL_S)
-    try:
-        accepted = await submission.submit(gw, user, MessageSubmitted(
-            generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id, plan=user.plan,  # type: ignore[arg-type]
-            message_id=message_id, client_message_id=own_client_message_id(generation_id),
-            content=req.input[-1].content,
-            pool=req.pool, max_tokens=req.max_output_tokens, temperature=req.temperature,
-            history=[*system, *earlier, *req.input], gateway_id=gw.gateway_id, sampling=req.sampling))
-    except BaseException:
-        await gw.redis.delete(keys.response(generation_id))
-        raise
+    accepted = await _submit(gw, user, req, conversation_id, earlier, echo)
+    generation_id = accepted.generation_id
     job = Job(gw, accepted, conversation_id, user.user_id, jobs_.model_of(gw, accepted, req.pool),
               detached=req.background)
     if req.background:
@@ -109,7 +84,52 @@ async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseReq
         for _, event in accepted.first:
             state.feed(event)
         job.close()
-        return JSONResponse(rc.response_object(state, echo), headers=headers)
+    else:
+        await _wait(request, job, state)
+    return JSONResponse(rc.response_object(state, echo), headers=headers)
+
+
+async def _conversation(gw: Gateway, user: User, req: rc.ResponseRequest, called: bool
+                        ) -> tuple[str, list[ChatTurn]]:
+    """The conversation the response continues, with its earlier turns, or a new one made for it."""
+    conversation_id, earlier = await _continued(gw, user, req.previous_response_id)
+    if called:
+        earlier = earlier[:-1]  # the previous reply is in req.input, its calls written as calls
+    if conversation_id is not None:
+        return conversation_id, earlier
+    keep = req.store and not gw.keeps_nothing(user)  # no-retention plans: not listed, no title
+    # Listed once its reply is saved (as a chat completion's): a refused call leaves no conversation listed.
+    conv = await gw.conversations.create(user.user_id, model=req.pool, source="api", listed=False,
+                                         title=" ".join(req.input[-1].content.split())[:60] if keep else None)
+    if not req.store:  # deleted from the start: no stage lists it, titles it or reads it back
+        await gw.conversations.mark_deleted(conv)
+    return conv.conversation_id, earlier
+
+
+async def _submit(gw: Gateway, user: User, req: rc.ResponseRequest, conversation_id: str,
+                  earlier: list[ChatTurn], echo: dict[str, Any]) -> submission.Accepted:
+    """The response kept in Redis (when stored), then its message submitted; a refusal forgets the response."""
+    system = [ChatTurn("system", req.instructions)] if req.instructions else []
+    message_id = new_id()  # before the generation id: the user message sorts before its reply
+    generation_id = gw.new_generation_id()  # lands on a partition this gateway tails
+    if req.store:  # before producing: any gateway can answer for it from the first event on
+        await gw.redis.set(keys.response(generation_id), orjson.dumps(
+            {"user_id": user.user_id, "conversation_id": conversation_id, "model": gw.models[req.pool],
+             "echo": await gw.sealer.seal_values(conversation_id, echo, SEALED_ECHO)}), ex=OWNER_TTL_S)
+    try:
+        return await submission.submit(gw, user, MessageSubmitted(
+            generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id, plan=user.plan,
+            message_id=message_id, client_message_id=own_client_message_id(generation_id),
+            content=req.input[-1].content,
+            pool=req.pool, max_tokens=req.max_output_tokens, temperature=req.temperature,
+            history=[*system, *earlier, *req.input], gateway_id=gw.gateway_id, sampling=req.sampling))
+    except BaseException:
+        await gw.redis.delete(keys.response(generation_id))
+        raise
+
+
+async def _wait(request: Request, job: Job, state: rc.State) -> None:
+    """Feeds ``state`` the reply's events until it is done; a client that leaves meanwhile gets a 499."""
     beat = job.reading()
     try:
         async for _, event in jobs_.merged([job], idle_s=1.0):
@@ -124,7 +144,6 @@ async def _create(request: Request, gw: Gateway, user: User, req: rc.ResponseReq
     finally:
         beat.cancel()
         job.close()
-    return JSONResponse(rc.response_object(state, echo), headers=headers)
 
 
 @router.get("/responses/{response_id}", response_model=None,

@@ -17,5 +17,5 @@ async def usage(request: Request, user: User = Depends(current_user)) -> dict[st
     gw = gateway_of(request)
     if gw.quota is None:
         raise ApiError(503, "quota_unavailable", "Usage is not available on this gateway right now.")
-    snapshot = await gw.quota.snapshot(user.user_id, user.plan)  # type: ignore[attr-defined]
+    snapshot = await gw.quota.snapshot(user.user_id, user.plan)
     return {"user_id": user.user_id, "plan": user.plan, **snapshot}
