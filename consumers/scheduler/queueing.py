@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from itertools import takewhile
 
 from consumers.scheduler.estimate import Completion, Pace, ServiceHistory
-from schemas.scheduler import LANES  # paid is served first
+from schemas.scheduler import LANES, Lane  # paid is served first
 
 REVISE_OFF_S = 3.0  # a shown wait, counted down, this far off (and a quarter) is sent again
 REVISE_GAP_S = 5.0  # never sooner than this after the last one shown to the same request
@@ -52,7 +52,7 @@ class PoolLoad:
                 self.running_in[lane] += 1
         return pace
 
-    def enqueue(self, generation_id: str, lane: str, now: float) -> None:
+    def enqueue(self, generation_id: str, lane: Lane, now: float) -> None:
         if generation_id in self.running or any(generation_id in q for q in self.waiting.values()):
             return  # a redelivery: already in place
         self.waiting[lane][generation_id] = now
@@ -60,15 +60,15 @@ class PoolLoad:
         self._forget_arrivals(lane, now)
         self.pace(now)
 
-    def _forget_arrivals(self, lane: str, now: float) -> None:
+    def _forget_arrivals(self, lane: Lane, now: float) -> None:
         seen = self.arrivals[lane]
         while seen and seen[0] < now - self.history.window_s:
             seen.popleft()
 
-    def inflow_above(self, lane: str, now: float) -> float:
+    def inflow_above(self, lane: Lane, now: float) -> float:
         """Requests a second queued over the last window in the lanes served before ``lane``."""
         count = 0
-        for above in LANES[: LANES.index(lane)]:  # type: ignore[arg-type]
+        for above in LANES[: LANES.index(lane)]:
             self._forget_arrivals(above, now)
             count += len(self.arrivals[above])
         return count / self.history.window_s
@@ -89,20 +89,20 @@ class PoolLoad:
             return True
         return any(q.pop(generation_id, None) is not None for q in self.waiting.values())
 
-    def in_engine_queue(self, lane: str, seqs: int) -> int:
+    def in_engine_queue(self, lane: Lane, seqs: int) -> int:
         """Held requests waiting inside the engines that go before a newcomer of ``lane``: the engine starts
         higher lanes first, so its waiting ones are the lower lanes' as far as they go."""
         waiting, lower = max(0, len(self.running) - seqs), 0
-        for ln in LANES[LANES.index(lane) + 1:]:  # type: ignore[arg-type]
+        for ln in LANES[LANES.index(lane) + 1:]:
             lower += self.running_in[ln]
         return max(0, waiting - lower)
 
-    def position_of_new(self, lane: str, seqs: int) -> int:
+    def position_of_new(self, lane: Lane, seqs: int) -> int:
         """0 when an engine sequence is free now; else the requests that go before it (waiting inside an engine
         or in Kafka, in ``lane`` and higher lanes), plus one."""
         if len(self.running) < seqs:
             return 0
-        above = LANES[: LANES.index(lane) + 1]  # type: ignore[arg-type]
+        above = LANES[: LANES.index(lane) + 1]
         return self.in_engine_queue(lane, seqs) + sum(len(self.waiting[ln]) for ln in above) + 1
 
     def positions(self, seqs: int) -> Iterator[tuple[str, str, int]]:
@@ -115,7 +115,7 @@ class PoolLoad:
                 yield generation_id, lane, ahead
             in_kafka += len(self.waiting[lane])
 
-    def estimate_wait(self, lane: str, now: float) -> tuple[int, float]:
+    def estimate_wait(self, lane: Lane, now: float) -> tuple[int, float]:
         """(position, seconds to the first token): 0 when a slot is free now."""
         pace = self.pace(now)
         position = self.position_of_new(lane, pace.seqs)
@@ -131,7 +131,7 @@ class Shown:
 @dataclass(frozen=True)
 class Route:
     pool: str
-    lane: str
+    lane: Lane
     position: int
     wait_s: float
     reason: str  # requested | default | classifier | overflow
@@ -149,7 +149,7 @@ class Queues:
         self.where: dict[str, tuple[str, str]] = {}  # generation_id -> (pool, lane)
         self.told: dict[str, Shown] = {}  # generation_id -> the wait its client was last shown
 
-    def route(self, pool: str, lane: str, limit_s: float, reason: str, now: float | None = None,
+    def route(self, pool: str, lane: Lane, limit_s: float, reason: str, now: float | None = None,
               can_overflow: bool = True) -> Route | Refuse:
         """``can_overflow``: the request has a prompt that fits the overflow pool."""
         now = time.time() if now is None else now
@@ -163,7 +163,7 @@ class Queues:
         return Refuse(wait, f"Every model is busy: the wait would be about {wait:.0f} s, over this plan's "
                             f"limit of {limit_s:.0f} s. Try again in a moment.")
 
-    def enqueued(self, generation_id: str, pool: str, lane: str, now: float | None = None) -> None:
+    def enqueued(self, generation_id: str, pool: str, lane: Lane, now: float | None = None) -> None:
         self.pools[pool].enqueue(generation_id, lane, time.time() if now is None else now)
         self.where[generation_id] = (pool, lane)
 

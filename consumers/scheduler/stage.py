@@ -29,7 +29,7 @@ from consumers.deadlines import late, mark_queued
 from consumers.generation.announce import ReplicaAnnounced
 from consumers.scheduler.canned import CANNED_MODEL, CANNED_POOL, CannedReplies
 from consumers.scheduler.estimate import Completion
-from consumers.scheduler.queueing import PoolLoad, Queues, Refuse
+from consumers.scheduler.queueing import PoolLoad, Queues, Refuse, Route
 from consumers.scheduler.replicas import Replicas
 from consumers.stage import Out, Stage
 from infra.config.plans import Plan
@@ -96,17 +96,24 @@ class Scheduler:
         decision = self.queues.route(p.pool, plan.lane, plan.queue_wait_limit_s, p.route_reason,
                                      can_overflow=any(a.pool == overflow for a in alternates_of(p)))
         if isinstance(decision, Refuse):
-            prepared = self.canned.reply_for(p.question) if self.canned else None
-            if prepared is not None:
-                DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="canned").inc()
-                log.info("generation %s served a prepared reply: every pool past the %s limit", p.generation_id,
-                         p.plan)
-                await mark_queued(self.redis, p.generation_id)
-                return await self._prepared(p, prepared)
-            DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="refused").inc()
-            log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
-            return await self._refuse(p, 503, decision.message,
-                                      max(1.0, decision.wait_s - plan.queue_wait_limit_s))
+            return await self._past_limit(p, plan, decision)
+        return await self._queue(p, decision)
+
+    async def _past_limit(self, p: PromptBuilt, plan: Plan, decision: Refuse) -> list[Out]:
+        """Every pool is past the plan's wait limit: a prepared reply when one fits, else a refusal."""
+        prepared = self.canned.reply_for(p.question) if self.canned else None
+        if prepared is not None:
+            DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="canned").inc()
+            log.info("generation %s served a prepared reply: every pool past the %s limit", p.generation_id,
+                     p.plan)
+            await mark_queued(self.redis, p.generation_id)
+            return await self._prepared(p, prepared)
+        DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="refused").inc()
+        log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
+        return await self._refuse(p, 503, decision.message, max(1.0, decision.wait_s - plan.queue_wait_limit_s))
+
+    async def _queue(self, p: PromptBuilt, decision: Route) -> list[Out]:
+        """The request on a replica's partition of its pool and lane, and its client told its place."""
         ids, max_tokens = prompt_for(p, decision.pool)
         await mark_queued(self.redis, p.generation_id)  # before the records: a redelivery is never "late"
         topic = self.topics.generate(decision.pool, decision.lane)
@@ -119,11 +126,12 @@ class Scheduler:
         log.info("generation %s -> %s[%d] position %d wait %.1fs (%s)", p.generation_id, topic, partition,
                  decision.position, decision.wait_s, decision.reason,
                  extra={"generation_id": p.generation_id, "plan": p.plan, "pool": decision.pool, "lane": decision.lane})
+        route_reason = decision.reason if decision.reason == "overflow" else p.route_reason
         queued = GenerationQueued(
             generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
-            pool=decision.pool, model=self.models[decision.pool], lane=decision.lane,  # type: ignore[arg-type]
+            pool=decision.pool, model=self.models[decision.pool], lane=decision.lane,
             position=decision.position, estimated_wait_s=round(decision.wait_s, 1), message_id=p.assistant_message_id,
-            route_reason=decision.reason if decision.reason == "overflow" else p.route_reason, requested_pool=p.pool)
+            route_reason=route_reason, requested_pool=p.pool)
         if decision.position > 0:
             self.queued[p.generation_id] = queued
             self.queues.shown(p.generation_id, decision.wait_s)
@@ -131,13 +139,12 @@ class Scheduler:
             Out(self.topics.tokens, queued, p.generation_id),
             Out(topic, GenerationRequested(
                 generation_id=p.generation_id, conversation_id=p.conversation_id, user_id=p.user_id,
-                plan=p.plan, pool=decision.pool, lane=decision.lane,  # type: ignore[arg-type]
+                plan=p.plan, pool=decision.pool, lane=decision.lane,
                 prompt_token_ids=ids, max_tokens=max_tokens,
-                priority=LANE_PRIORITY[decision.lane],  # type: ignore[index]
+                priority=LANE_PRIORITY[decision.lane],
                 message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
-                route_reason=decision.reason if decision.reason == "overflow" else p.route_reason,
-                enqueued_at=time.time(), sampling=p.sampling, **_temperature(p)),
+                route_reason=route_reason, enqueued_at=time.time(), sampling=p.sampling, **_temperature(p)),
                 p.conversation_id, partition),
         ]
 

@@ -9,7 +9,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.scheduler import LANES
+from schemas.scheduler import LANES, Lane
 
 DEFAULT_FILE = Path(__file__).with_name("plans.toml")
 
@@ -23,7 +23,7 @@ class Plan:
     max_running: int
     reply_cap: int
     queue_wait_limit_s: float
-    lane: str
+    lane: Lane
     retention_days: float = 0.0  # conversations idle longer than this are deleted; 0: kept until deleted
     no_retention: bool = False  # stream only: no text in Cassandra, not listed, no title, key gone at the end
 
