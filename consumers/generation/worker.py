@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -70,6 +71,7 @@ from schemas import (
     encode,
 )
 from schemas.errors import EventDecodeError
+from schemas.generation import Status
 from topics import GENERATE, Role, Topics
 from topics.catalogue import CONTROL, DEADLETTER, GENERATION, REPLIES, TOKENS
 from topics.clients import decode_or_deadletter, enqueue, make_consumer
@@ -86,6 +88,23 @@ RETRYABLE: tuple[type[BaseException], ...] = (*STORE_DOWN, KafkaError)
 # pool's other replicas, which resume its replies from their saved tokens; the longest stall is this, the
 # rebalance and one prefill. Lower would evict a worker whose loop a loaded machine starves for a few seconds.
 SESSION_TIMEOUT_MS, HEARTBEAT_MS = 6_000, 1_000
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How the engine loop ended: the engine's finish reason, or the output check's flag that stopped it."""
+
+    finish_reason: str | None
+    blocked: Verdict | None
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How the engine loop left a reply: its status and why, and the output check's flag if it stopped it."""
+
+    status: Status
+    reason: str
+    blocked: Verdict | None
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -406,45 +425,13 @@ class GenerationWorker:
                             self.flush)
         guard = self.safety.start(req.plan, req.purpose) if self.safety is not None else None
         pending: list[asyncio.Future[Any]] = []  # handed to the producer, not acknowledged yet
-        blocked, gone, finish_reason = None, False, None  # the flagged verdict; the conversation was deleted
+        blocked, gone = None, False  # the flagged verdict; the conversation was deleted
         try:
-            sampling = for_request(req, saved_tokens=len(saved.token_ids), max_tokens=gen.max_tokens)
-            async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
-                                                  gen.priority, sampling):
-                now = time.time()
-                if req.generation_id in self.cancelled:
-                    await self.engine.abort(req.generation_id)  # the cancel raced the engine's admission
-                took = state.took(out, now)
-                if took.first:
-                    self.metrics.ttft.observe(now - picked_at)
-                    self.metrics.prompt_seen(state.prompt_tokens, state.cached)
-                if took.announce:
-                    pending.append(await self._started(req, state.first_token_at, state.cached, gen.resumed))
-                if took.check_fence and await self.fence.fenced(req.generation_id):
-                    await self.engine.abort(req.generation_id)  # paused past our lease (SIGSTOP, a long GC)
-                    await asyncio.gather(*pending)
-                    return
-                check = guard is not None and guard.add(out.text, took.tokens, out.finished)
-                if took.tokens:
-                    self.metrics.tokens.inc(took.tokens)
-                    self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane).inc(took.tokens)
-                # What the safety check reads is in records before it decides (held back or already shown, as
-                # the plan says); a finish or a cancel goes out at once.
-                if state.due(now, urgent=out.finished or check or req.generation_id in self.cancelled):
-                    await self._flush(req, state, now, guard, pending)
-                if took.gap_s is not None:
-                    self.metrics.itl.observe(took.gap_s)
-                if check and guard is not None:
-                    blocked = await self._checked(req, guard)
-                    if blocked is not None:
-                        break
-                    for held in guard.passed():
-                        pending.append(await self._append(held))
-                        state.sent(held.seq)
-                if out.finished:
-                    finish_reason = out.finish_reason
-                    break
-            status, reason = status_for(finish_reason, req.generation_id in self.cancelled), ""
+            ran = await self._run(req, gen, saved, state, guard, pending, picked_at)
+            if ran is None:
+                return  # fenced off: the newer owner finishes it
+            blocked = ran.blocked
+            status, reason = status_for(ran.finish_reason, req.generation_id in self.cancelled), ""
         except asyncio.CancelledError:
             raise
         except RETRYABLE:  # a store, not the engine: stop here; the request is served again once it is back
@@ -466,15 +453,62 @@ class GenerationWorker:
         if state.gathered and blocked is None and not gone:  # the engine stopped without a last output
             await self._flush(req, state, time.time(), guard, pending)
         await self._landed(req.generation_id, pending)
-        if guard is not None and guard.held and blocked is None:  # the engine failed mid-chunk
+        await self._ended(req, state, guard, Ended(status, reason, blocked), picked_at)
+
+    async def _run(self, req: GenerationRequested, gen: Generate, saved: Saved, state: ReplyStream,
+                   guard: OutputGuard | None, pending: list[asyncio.Future[Any]], picked_at: float) -> Ran | None:
+        """The engine loop: each output counted, recorded when due, checked when its chunk is complete. None when
+        this worker found itself fenced off (paused past its lease: SIGSTOP, a long GC)."""
+        sampling = for_request(req, saved_tokens=len(saved.token_ids), max_tokens=gen.max_tokens)
+        async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
+                                              gen.priority, sampling):
+            now = time.time()
+            if req.generation_id in self.cancelled:
+                await self.engine.abort(req.generation_id)  # the cancel raced the engine's admission
+            took = state.took(out, now)
+            if took.first:
+                self.metrics.ttft.observe(now - picked_at)
+                self.metrics.prompt_seen(state.prompt_tokens, state.cached)
+            if took.announce:
+                pending.append(await self._started(req, state.first_token_at, state.cached, gen.resumed))
+            if took.check_fence and await self.fence.fenced(req.generation_id):
+                await self.engine.abort(req.generation_id)
+                await asyncio.gather(*pending)
+                return None
+            check = guard is not None and guard.add(out.text, took.tokens, out.finished)
+            if took.tokens:
+                self.metrics.tokens.inc(took.tokens)
+                self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane).inc(took.tokens)
+            # What the safety check reads is in records before it decides (held back or already shown, as
+            # the plan says); a finish or a cancel goes out at once.
+            if state.due(now, urgent=out.finished or check or req.generation_id in self.cancelled):
+                await self._flush(req, state, now, guard, pending)
+            if took.gap_s is not None:
+                self.metrics.itl.observe(took.gap_s)
+            if check and guard is not None:
+                blocked = await self._checked(req, guard)
+                if blocked is not None:
+                    return Ran(None, blocked)
+                for held in guard.passed():
+                    pending.append(await self._append(held))
+                    state.sent(held.seq)
+            if out.finished:
+                return Ran(out.finish_reason, None)
+        return Ran(None, None)
+
+    async def _ended(self, req: GenerationRequested, state: ReplyStream, guard: OutputGuard | None, end: Ended,
+                     picked_at: float) -> None:
+        """The reply's records have landed: drop what the output check held and never passed, or retract the
+        reply it flagged, then write the finish."""
+        status, reason, block = end.status, end.reason, None
+        if guard is not None and guard.held and end.blocked is None:  # the engine failed mid-chunk
             state.unshown("".join(h.text for h in guard.held))
-        if status == "stopped" and blocked is None:
+        if status == "stopped" and end.blocked is None:
             self.metrics.aborts.inc()
-        block = None
-        if blocked is not None and self.safety is not None:
-            notice = await self.safety.retract(self.producer, self.redis, self.topics.tokens, req, blocked,
+        if end.blocked is not None and self.safety is not None:
+            notice = await self.safety.retract(self.producer, self.redis, self.topics.tokens, req, end.blocked,
                                                state.shown)
-            status, block = "blocked", blocked.block("output")
+            status, block = "blocked", end.blocked.block("output")
             state.retracted(notice)
             reason = f"output check: {block.category} ({block.score:.2f}), rules {block.rules_version}"
         await self._finish(finished_event(req, self.limits, self.worker_id, status, state.reply, state.usage(),
