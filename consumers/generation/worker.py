@@ -25,11 +25,10 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
-from consumers.generation import appending
 from consumers.generation.announce import Announcer
 from consumers.generation.appending import Appender
 from consumers.generation.coalescing import FlushPolicy
@@ -47,6 +46,7 @@ from consumers.generation.engine import EngineDead
 from consumers.generation.fencing import Fence
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.offsets import OffsetTracker
+from consumers.generation.rebalance import Rebalance
 from consumers.generation.recovery import Saved, read_saved
 from consumers.generation.reply_stream import ReplyStream
 from consumers.generation.sampling import for_request
@@ -107,19 +107,6 @@ class Ended:
     blocked: Verdict | None
 
 
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, worker: GenerationWorker) -> None:
-        self.worker = worker
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.worker.commit()
-        await self.worker.let_go(set(revoked))
-        self.worker.tracker.forget(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        log.info("worker %s assigned %s", self.worker.worker_id, sorted(f"{t.topic}[{t.partition}]" for t in assigned))
-
-
 class GenerationWorker:
     def __init__(self, settings: Settings, limits: Limits, engine: Any, capacity: int,
                  worker_id: str | None = None, metrics_port: int | None = None,
@@ -168,7 +155,7 @@ class GenerationWorker:
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def run(self) -> None:
         await self.producer.start()
-        self.consumer.subscribe([self.paid, self.free], listener=_Rebalance(self))
+        self.consumer.subscribe([self.paid, self.free], listener=Rebalance(self))
         await self.consumer.start()
         if self.metrics_port is not None:
             self.metrics_port = self.metrics.serve(self.metrics_port, self.metrics_host)
@@ -204,26 +191,6 @@ class GenerationWorker:
                       "owner", self.worker_id, exc)
         self.engine_failure = exc
         self.stop()
-
-    async def let_go(self, revoked: set[TopicPartition]) -> None:
-        """Stop every generation whose request is on a revoked partition, and wait until none of them can
-        append again, before the rebalance goes on: the partition's next owner (another worker, or this one
-        if it gets the partition back) re-reads the uncommitted request and resumes the reply from its saved
-        tokens. Without this, two workers would append to one generation until the old one met its fence,
-        and a client could be shown the old owner's tokens past the point the new owner resumed from.
-        Kafka's eager rebalance revokes every partition, so a worker joining or leaving the pool restarts
-        each reply in flight once (from its saved tokens; the prefix cache keeps the prompt)."""
-        prefixes = tuple(f"{tp.topic}:{tp.partition}:" for tp in revoked)
-        tasks = [task for key, task in self.active.items() if key.startswith(prefixes) and not task.done()]
-        if not tasks:
-            return
-        for task in tasks:
-            task.cancel()  # vLLM aborts the sequence when its stream is closed
-        await asyncio.gather(*tasks, return_exceptions=True)
-        with contextlib.suppress(TimeoutError):  # a producer stuck on a lost broker must not hold the rebalance
-            await asyncio.wait_for(self.producer.flush(), appending.ACK_TIMEOUT_S)  # in the log before the next
-        log.info("worker %s let go of %d generation(s) on revoked partitions; their next owner resumes them",
-                 self.worker_id, len(tasks))
 
     async def _shutdown(self) -> None:
         for task in list(self.active.values()):
