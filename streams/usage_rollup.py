@@ -156,6 +156,45 @@ def plan_minutes(app: faust.App, plan: str) -> dict[str, dict[str, int]]:
     return {key.split("|", 1)[1]: dict(row) for key, row in sorted(table.items()) if key.startswith(f"{plan}|")}
 
 
+class DayCounts:
+    """The day totals' writes. The agent and the reconciler count one record at a time (a lock), so neither
+    rewrites a day row from an older sum than the other's; a record new to the ledger is then re-keyed by plan
+    for the minutes."""
+
+    def __init__(self, records: Records, topics: Topics, by_plan: Any) -> None:
+        self.records, self.topics, self.by_plan = records, topics, by_plan
+        self.one_at_a_time = asyncio.Lock()
+        self.seen = Recent()
+
+    async def count(self, stream: faust.StreamT, record: UsageRecorded) -> None:
+        """A record the agent was handed: written (a Cassandra outage waited out here) before faust may
+        acknowledge it."""
+        async with self.one_at_a_time:
+            counted = await applied(ROLE.stage, stream, self.topics, self.records.count_usage, record.user_id,
+                                    record.day, record.generation_id, record.tokens_in, record.tokens_out,
+                                    record.tokens_cached)
+        if counted is None:
+            return  # dead-lettered
+        if not await self.rekeyed(record, counted[1]):
+            log.info("generation %s usage already counted for user %s day %s; day rewritten from the ledger",
+                     record.generation_id, record.user_id, record.day)
+
+    async def count_missed(self, record: UsageRecorded) -> bool:
+        """A record the reconciler found missing from the ledger."""
+        async with self.one_at_a_time:
+            _, new = await until_stored(ROLE.stage, self.records.count_usage, record.user_id, record.day,
+                                        record.generation_id, record.tokens_in, record.tokens_out,
+                                        record.tokens_cached)
+        return await self.rekeyed(record, new)
+
+    async def rekeyed(self, record: UsageRecorded, new: bool) -> bool:
+        """After the ledger counted ``record``: re-keyed by plan for the minutes, if it was new there."""
+        self.seen.add(record.generation_id)
+        if new:
+            await self.by_plan.send(key=record.plan.encode(), value=record)
+        return new
+
+
 def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0) -> faust.App:
     app = make_app(ROLE.stage, settings)
     topics = Topics(settings.topic_prefix)
@@ -164,40 +203,15 @@ def build_app(settings: Settings, records: Records, *, log_every_s: float = 60.0
     by_plan = app.topic(topics.internal(ROLE.stage, "by-plan"), internal=True, partitions=partitions,
                         value_serializer=CODEC_NAME, key_serializer="raw")
 
-    one_at_a_time = asyncio.Lock()
-    seen = Recent()
-
-    async def rekeyed(record: UsageRecorded, new: bool) -> bool:
-        """After the ledger counted ``record``: re-keyed by plan for the minutes, if it was new there."""
-        seen.add(record.generation_id)
-        if new:
-            await by_plan.send(key=record.plan.encode(), value=record)
-        return new
+    days = DayCounts(records, topics, by_plan)
 
     @app.agent(topic(app, topics, USAGE))
     async def roll_days(stream: faust.StreamT) -> None:
         async for record in stream:
-            if not isinstance(record, UsageRecorded):
-                continue
-            # Written (a Cassandra outage waited out here) before faust may acknowledge the record.
-            async with one_at_a_time:
-                counted = await applied(ROLE.stage, stream, topics, records.count_usage, record.user_id,
-                                        record.day, record.generation_id, record.tokens_in, record.tokens_out,
-                                        record.tokens_cached)
-            if counted is None:
-                continue  # dead-lettered
-            if not await rekeyed(record, counted[1]):
-                log.info("generation %s usage already counted for user %s day %s; day rewritten from the ledger",
-                         record.generation_id, record.user_id, record.day)
+            if isinstance(record, UsageRecorded):
+                await days.count(stream, record)
 
-    async def count_missed(record: UsageRecorded) -> bool:
-        async with one_at_a_time:
-            _, new = await until_stored(ROLE.stage, records.count_usage, record.user_id, record.day,
-                                        record.generation_id, record.tokens_in, record.tokens_out,
-                                        record.tokens_cached)
-        return await rekeyed(record, new)
-
-    reconciler = Reconciler(settings, records, count_missed, seen)
+    reconciler = Reconciler(settings, records, days.count_missed, days.seen)
 
     @app.timer(RECONCILE_EVERY_S)
     async def reconcile() -> None:
