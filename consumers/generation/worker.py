@@ -275,15 +275,15 @@ class GenerationWorker:
         done = True
         try:
             req = await decode_or_deadletter(record, self.producer, self.topics, self.group, (GenerationRequested,))
-            if req is not None:
-                if self.sealer is not None and is_sealed(req.prompt_token_ids):  # type: ignore[attr-defined]
-                    self.sealing.add(req.generation_id)  # type: ignore[attr-defined]
+            if isinstance(req, GenerationRequested):  # else dead-lettered (decoded as nothing else)
+                if self.sealer is not None and is_sealed(req.prompt_token_ids):
+                    self.sealing.add(req.generation_id)
                 try:
-                    await self._until_served(req)  # type: ignore[arg-type]
+                    await self._until_served(req)
                 except KeyGone:
-                    await self._deleted(req)  # type: ignore[arg-type]
+                    await self._deleted(req)
                 finally:
-                    self.sealing.discard(req.generation_id)  # type: ignore[attr-defined]
+                    self.sealing.discard(req.generation_id)
         except asyncio.CancelledError:
             done = False  # let go (rebalance, shutdown): uncommitted, so the next owner resumes it
             raise
@@ -499,7 +499,9 @@ class GenerationWorker:
 
     async def _checked(self, req: GenerationRequested, guard: OutputGuard) -> Verdict | None:
         """Classify the chunk just completed; a flagged one aborts the sequence before the next step."""
-        verdict = await self.safety.check(guard, req)  # type: ignore[union-attr]  # a guard implies safety
+        if self.safety is None:
+            return None  # no output check: no guard was made, nothing to classify
+        verdict = await self.safety.check(guard, req)
         if verdict.flagged:
             await self.engine.abort(req.generation_id)
         return verdict if verdict.flagged else None
@@ -584,7 +586,9 @@ class GenerationWorker:
             event = decode(record.value, (CancelRequested,))
         except EventDecodeError:
             return  # the dead-letter copy is made by the control topic's producers' tests, not by every worker
-        gid = event.generation_id  # type: ignore[attr-defined]
+        if not isinstance(event, CancelRequested):
+            return
+        gid = event.generation_id
         self.cancelled[gid] = time.time()
         await self.engine.abort(gid)
         self._forget_old_cancels()
