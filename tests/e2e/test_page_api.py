@@ -2,6 +2,8 @@
 sidebar, in a real browser."""
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import openai
 
@@ -21,8 +23,14 @@ async def test_api_conversations_are_not_in_the_sidebar(open_page: OpenPage, ser
         await client.chat.completions.create(model="large", max_tokens=4,
                                              messages=[{"role": "user", "content": "Made by the API"}])
         await client.responses.create(model="large", input="Made by the Responses API", max_output_tokens=4)
-    api = (await http.get("/v1/conversations", params={"source": "api"}, headers=alice.headers)).json()["items"]
-    assert len(api) == 2  # they exist, listed over the API with the filter
+    # They exist, listed over the API with the filter once their replies are saved (persistence, a moment after
+    # the client has the reply).
+    deadline = asyncio.get_running_loop().time() + 30
+    while len(api := (await http.get("/v1/conversations", params={"source": "api"},
+                                     headers=alice.headers)).json()["items"]) < 2:
+        assert asyncio.get_running_loop().time() < deadline, api
+        await asyncio.sleep(0.2)
+    assert len(api) == 2
     # And, like the sidebar, its search leaves them out (they are not indexed). "made" is in all three: the same
     # search finds the page's conversation, so an empty answer from a search that finds nothing cannot pass.
     found = (await http.get("/v1/search", params={"q": "made"}, headers=alice.headers)).json()["items"]
