@@ -4,7 +4,7 @@ A private service on sim engines (gateway, stages, one worker, as `parley up` st
 sequences whose replies take several seconds. After a warm-up round (the scheduler learns the pool's times from
 replies that ended), 20 messages arrive faster than the pool serves them, so a queue builds. For each reply that
 was queued the client measures its real wait, from the first ``queued`` event to its first ``delta``, beside the
-wait that event showed. The bar: within 30% at the median (not met yet: that test is a strict xfail, below). The
+wait that event showed. The bar: within 30% at the median (not met yet: that test is marked xfail, below). The
 gateway's metric of the same error (``parley_gateway_queued_wait_error_seconds``) must count every queued reply.
 Bounded: 24 messages, about a minute of load. The figures are printed (``-s``).
 """
@@ -131,9 +131,10 @@ def test_a_queue_forms_and_the_gateway_metric_counts_each_queued_reply(waits: tu
 # positions 5-7 are shown 5-7 s and wait 10-15 s), though the scheduler's own FIFO simulation
 # (tests/unit/test_scheduler_estimate.py) keeps it within 25%. Fed this test's arrivals and ~6 s replies directly,
 # ``Queues`` shows position 1 its true ~3.6 s; 0.7 s is T/10 + P, what ``Pace.ends`` gives a sequence it thinks has
-# run past T, so the inputs the stage gives it (running requests' ages, reply times) are where to look. Strict:
-# the day it holds, this fails until the mark goes.
-@pytest.mark.xfail(strict=True, reason="the shown wait is off by more than 30% at p50 through the real pipeline")
+# run past T, so the inputs the stage gives it (running requests' ages, reply times) are where to look. Not
+# strict: the error is measured on a shared machine, and a lucky run under 30% must not fail the suite; the
+# printed figures and an XPASS say when it holds.
+@pytest.mark.xfail(strict=False, reason="the shown wait is off by more than 30% at p50 through the real pipeline")
 def test_the_shown_wait_is_within_30_percent_of_the_real_one_at_the_median(waits: tuple[list[Waited], float]) -> None:
     waited, _ = waits
     assert statistics.median(w.error for w in waited) <= WITHIN
