@@ -138,7 +138,8 @@ async def test_custom_instructions_reach_new_chats_and_can_be_erased(make_page: 
 
     # Reopened, the dialog shows them (read from the account); emptied and saved, they are erased.
     await open_settings(page)
-    await until(page, f"document.querySelector('#instructions').value === {PIRATE!r}", 10)
+    # Read from the account (the box is not editable until then, so the late read cannot undo the emptying).
+    await until(page, f"(b => !b.disabled && b.value === {PIRATE!r})(document.querySelector('#instructions'))", 10)
     await page.locator("#instructions").fill("")
     await page.locator("#instructions-save").click()
     await until(page, "document.querySelector('#instructions-note').textContent.startsWith('Erased')")

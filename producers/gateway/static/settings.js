@@ -46,6 +46,8 @@ export class SettingsDialog {
 
   async open() {
     for (const id of ["data-note", "tokens-note", "token-new", "model-note", "instructions-note"]) $(id).hidden = true;
+    // Not editable until the account is read: what is typed before would be overwritten by what it holds.
+    $("instructions").disabled = $("instructions-save").disabled = true;
     this.fillModels();
     $("settings-dialog").showModal();
     await Promise.all([this.showAccount().catch((err) => this.say("data-note", err.message)),
