@@ -33,6 +33,9 @@ class PoolLoad:
     held: int  # requests one replica's worker holds (its engine's sequences and the few waiting inside it)
     running: dict[str, tuple[float, str]] = field(default_factory=dict)  # id -> (when a worker took it, lane)
     running_in: Counter[str] = field(default_factory=Counter)  # lane -> how many of ``running``
+    # id -> when its engine sequence started: at once if one was free when a worker took it, else when one freed
+    # (a held request waits inside the engine meanwhile, and that wait is not time in its sequence)
+    started: dict[str, float] = field(default_factory=dict)
     waiting: dict[str, dict[str, float]] = field(default_factory=lambda: {lane: {} for lane in LANES})
     arrivals: dict[str, deque[float]] = field(default_factory=lambda: {lane: deque() for lane in LANES})
 
@@ -41,8 +44,9 @@ class PoolLoad:
         return cls(ServiceHistory(seqs, prior_s), held or seqs)
 
     def pace(self, now: float) -> Pace:
-        """The pool's pace, and every worker slot that freed meanwhile given to the head of the queue."""
-        pace = self.history.pace(now, [now - taken for taken, _ in self.running.values()])
+        """The pool's pace, every worker slot that freed meanwhile given to the head of the queue, and every engine
+        sequence that is free to a held request (paid first). Ages are time in a sequence, not in a worker."""
+        pace = self.history.pace(now, self._ages(now))
         for lane in LANES:
             queue = self.waiting[lane]
             while queue and len(self.running) < pace.replicas * self.held:
@@ -50,7 +54,24 @@ class PoolLoad:
                 del queue[generation_id]
                 self.running[generation_id] = (now, lane)
                 self.running_in[lane] += 1
+        if self._start(pace.seqs, now):
+            pace = self.history.pace(now, self._ages(now))
         return pace
+
+    def _ages(self, now: float) -> list[float]:
+        """How long each engine sequence has run, oldest first."""
+        return sorted((now - at for at in self.started.values()), reverse=True)
+
+    def _start(self, seqs: int, now: float) -> bool:
+        """Held requests given the free engine sequences at ``now``, paid lane first; whether any was."""
+        free = seqs - len(self.started)
+        if free <= 0 or len(self.started) == len(self.running):
+            return False
+        held = [(LANES.index(lane), taken, generation_id) for generation_id, (taken, lane) in self.running.items()
+                if generation_id not in self.started]
+        for _, _, generation_id in sorted(held)[:free]:
+            self.started[generation_id] = now
+        return True
 
     def enqueue(self, generation_id: str, lane: Lane, now: float) -> None:
         if generation_id in self.running or any(generation_id in q for q in self.waiting.values()):
@@ -81,11 +102,14 @@ class PoolLoad:
             for generation_id, _ in list(takewhile(lambda item: item[1] < before, queue.items())):
                 del queue[generation_id]
 
-    def finish(self, generation_id: str) -> bool:
-        """Frees its slot (or its place); False if it was not here."""
+    def finish(self, generation_id: str, now: float | None = None) -> bool:
+        """Frees its slot (or its place), and its engine sequence to the next held request; False if it was
+        not here."""
         taken = self.running.pop(generation_id, None)
         if taken is not None:
             self.running_in[taken[1]] -= 1
+            if self.started.pop(generation_id, None) is not None:
+                self._start(len(self.started) + 1, time.time() if now is None else now)
             return True
         return any(q.pop(generation_id, None) is not None for q in self.waiting.values())
 
@@ -177,7 +201,7 @@ class Queues:
         self.told.pop(generation_id, None)
         placed = self.where.pop(generation_id, None)
         if placed is not None:
-            self.pools[placed[0]].finish(generation_id)
+            self.pools[placed[0]].finish(generation_id, completion.at if completion is not None else None)
         load = self.pools.get(placed[0] if placed else pool or "")
         if completion is None or load is None:
             return

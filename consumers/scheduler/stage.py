@@ -135,6 +135,10 @@ class Scheduler:
         if decision.position > 0:
             self.queued[p.generation_id] = queued
             self.queues.shown(p.generation_id, decision.wait_s)
+            pace = self.queues.pools[decision.pool].pace(time.time())
+            log.info("generation %s wait from: service %.2f s, first token %.2f s, %d sequences, ends in %s s",
+                     p.generation_id, pace.service_s, pace.prefill_s, pace.seqs,
+                     ",".join(f"{e:.1f}" for e in pace.ends))
         return [
             Out(self.topics.tokens, queued, p.generation_id),
             Out(topic, GenerationRequested(
