@@ -114,7 +114,8 @@ def decide(event: MessageSubmitted, outcome: Reservation | Refusal, rules: Admis
         plan=event.plan, message_id=event.message_id, client_message_id=event.client_message_id,
         content=event.content, pool=pool, parent_id=event.parent_id, regenerate=event.regenerate,
         edit_of=event.edit_of, reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
-        temperature=event.temperature, history=event.history, sampling=event.sampling, deadline=event.deadline)
+        temperature=event.temperature, history=event.history, sampling=event.sampling, deadline=event.deadline,
+        fresh_conversation=event.fresh_conversation)
     return [Out(topics.admitted, admitted, event.conversation_id)]
 
 

@@ -29,6 +29,9 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
     history: list[ChatTurn] | str | None = None  # str: sealed
     sampling: Sampling | str | None = None
+    # The gateway made the conversation for this request alone (an OpenAI call): the prompt stage reads nothing
+    # of it (turn 0, the history is carried) and writes no placeholder (nobody can reopen it mid-reply).
+    fresh_conversation: bool = False
 
 
 RefusalReason = Literal[

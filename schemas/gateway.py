@@ -47,6 +47,9 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     gateway_id: str = ""
     deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
     sampling: Sampling | str | None = None  # the client's sampling parameters; None: Parley's defaults
+    # The gateway made the conversation for this request alone (an OpenAI call): the prompt stage reads nothing
+    # of it (turn 0, the history is carried) and writes no placeholder (nobody can reopen it mid-reply).
+    fresh_conversation: bool = False
 
 
 class CancelRequested(Event, frozen=True, kw_only=True):

@@ -131,6 +131,8 @@ class PromptBuilder:
         return []
 
     async def _read(self, req: RequestAdmitted) -> list[Message]:
+        if req.fresh_conversation and isinstance(req.history, list):
+            return []  # made for this request alone: a redelivery rewrites the same user message row, no more
         history = await self.conversations.all_messages(req.conversation_id)
         if self.finished is not None:  # a reply whose end the client saw is part of the history now
             history = await self.finished.current(history)
@@ -236,7 +238,7 @@ class PromptBuilder:
     def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
                 prompt_tokens: int) -> list[Awaitable[Any]]:
         writes: list[Awaitable[Any]] = []
-        if req.plan not in self.keep_nothing:
+        if req.plan not in self.keep_nothing and not req.fresh_conversation:
             writes.append(self._save_placeholder(req, turn, user_message.message_id, history))
         if not req.regenerate and req.plan not in self.keep_nothing:
             writes.append(self.conversations.save_message(user_message))

@@ -159,7 +159,7 @@ async def submit_choices(gw: Gateway, user: User, chat: compat.ChatRequest) -> l
                 plan=user.plan, message_id=message_id, client_message_id=own_client_message_id(generation_id),
                 content=chat.content, pool=chat.pool, max_tokens=chat.max_tokens, temperature=chat.temperature,
                 history=chat.history, gateway_id=gw.gateway_id,
-                sampling=sampling_params.for_choice(chat.sampling, index)))
+                sampling=sampling_params.for_choice(chat.sampling, index), fresh_conversation=True))
             jobs.append(Job(gw, accepted, conv.conversation_id, user.user_id,
                             jobs_.model_of(gw, accepted, chat.pool), index))
     except BaseException:

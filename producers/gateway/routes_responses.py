@@ -122,7 +122,8 @@ async def _submit(gw: Gateway, user: User, req: rc.ResponseRequest, conversation
             message_id=message_id, client_message_id=own_client_message_id(generation_id),
             content=req.input[-1].content,
             pool=req.pool, max_tokens=req.max_output_tokens, temperature=req.temperature,
-            history=[*system, *earlier, *req.input], gateway_id=gw.gateway_id, sampling=req.sampling))
+            history=[*system, *earlier, *req.input], gateway_id=gw.gateway_id, sampling=req.sampling,
+            fresh_conversation=req.previous_response_id is None))
     except BaseException:
         await gw.redis.delete(keys.response(generation_id))
         raise
