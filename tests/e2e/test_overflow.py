@@ -194,14 +194,25 @@ async def test_overflow_to_small_then_refusal_then_prepared_reply(saturated: Ser
         refused_messages = [m for m in await history(client, refused_user, cid) if m["role"] == "assistant"]
         assert all(m["status"] != "generating" for m in refused_messages)  # the placeholder was ended
 
-        # 5. A prepared question is still answered, marked as prepared, by no model.
+        # 5. A prepared question is still answered, marked as prepared, by no model, once both pools are past the
+        #    free limit. Nothing tells the scheduler that small's worker is gone, so its estimate shrinks as the
+        #    stuck requests age: a try that still lands on small joins its queue, and the next is told longer.
         canned = CannedReplies.load()
-        cid = await new_conversation(client, users["asker"])
-        async with client.stream("POST", f"/v1/conversations/{cid}/messages", headers=users["asker"].headers,
-                                 json={"content": "What can you do?"}) as r:
-            assert r.status_code == 200, await r.aread()
-            got = await collect(r)
-        assert got[0].data["pool"] == CANNED_POOL and got[0].data["route_reason"] == "canned"
+        got = []
+        for _ in range(LATE):
+            cid = await new_conversation(client, users["asker"])
+            async with client.stream("POST", f"/v1/conversations/{cid}/messages", headers=users["asker"].headers,
+                                     json={"content": "What can you do?"}) as r:
+                assert r.status_code == 200, await r.aread()
+                got = []
+                async for f in frames(r):
+                    got.append(f)
+                    if f.event in ("message_end", "error") or got[0].data.get("pool") != CANNED_POOL:
+                        break
+            if got[0].data.get("pool") == CANNED_POOL:
+                break
+            assert got[0].data["pool"] == "small", got[0]
+        assert got[0].data["pool"] == CANNED_POOL and got[0].data["route_reason"] == "canned", got[0]
         assert got[-1].event == "message_end"
         saved = await saved_reply(client, users["asker"], cid, got[0].data["generation_id"])
         assert saved["content"] == canned.reply_for("What can you do?") and saved["pool"] == CANNED_POOL
