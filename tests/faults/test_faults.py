@@ -424,12 +424,15 @@ async def _ready(log: Path, since: int, proc: subprocess.Popen[bytes] | None = N
 
 
 def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
+    """A worker started here and everything left in its process group: a SIGKILLed worker's vLLM engine outlives
+    it (reparented to init, 2 GB held for good) unless its group is killed too."""
+    if proc is None:
         return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
