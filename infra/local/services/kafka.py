@@ -95,9 +95,12 @@ def server_properties(host: str, node: int, ports: dict[int, tuple[int, int]], d
         # A broker that stops heartbeating is fenced (its partitions led elsewhere) after this long; Kafka's
         # 9 s default is the longest stall a client sees when a broker of three dies. A lone broker has nowhere
         # else to lead its partitions: fencing it only takes every leader away (and back, a metadata change per
-        # partition each way), so a loaded machine that delays its heartbeats a few seconds is given 60 s.
+        # partition each way), so it is given 18 s, past the 5-10 s stalls of a loaded 2-core machine. The
+        # session is also how long a broker restarted after a crash waits to register (the controller holds
+        # the dead incarnation's session until then), so registration may take far longer than the session.
         "broker.heartbeat.interval.ms": "1000",
-        "broker.session.timeout.ms": "4500" if len(ports) > 1 else "60000",
+        "initial.broker.registration.timeout.ms": "150000",
+        "broker.session.timeout.ms": "4500" if len(ports) > 1 else "18000",
     }
 
 
