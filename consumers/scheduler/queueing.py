@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from itertools import takewhile
 
@@ -25,6 +25,7 @@ REVISE_GAP_S = 5.0  # never sooner than this after the last one shown to the sam
 # A request held or waiting this long has ended unheard (its finish lost, or published before a restart):
 # forgotten, so it does not stand in every later request's position for good. Reservations expire in 5 minutes.
 FORGET_S = 900.0
+DOWN_RETRY_S = 30.0  # a pool with no replica: told to come back after about a worker's restart (its engine's load)
 
 
 @dataclass
@@ -165,6 +166,7 @@ class Route:
 class Refuse:
     wait_s: float
     message: str
+    down: bool = False  # the pool has no replica (not a busy one)
 
 
 class Queues:
@@ -174,16 +176,22 @@ class Queues:
         self.told: dict[str, Shown] = {}  # generation_id -> the wait its client was last shown
 
     def route(self, pool: str, lane: Lane, limit_s: float, reason: str, now: float | None = None,
-              can_overflow: bool = True) -> Route | Refuse:
-        """``can_overflow``: the request has a prompt that fits the overflow pool."""
+              can_overflow: bool = True, down: Collection[str] = ()) -> Route | Refuse:
+        """``can_overflow``: the request has a prompt that fits the overflow pool. ``down``: pools whose every
+        replica has gone (none announced any more): past every limit, since nothing there would start a
+        request before its worker is back, and its estimate only shrinks as the requests stuck there age."""
         now = time.time() if now is None else now
         position, wait = self.pools[pool].estimate_wait(lane, now)
-        if wait <= limit_s:
+        if wait <= limit_s and pool not in down:
             return Route(pool, lane, position, wait, reason)
-        if can_overflow and pool != self.overflow_pool and self.overflow_pool in self.pools:
-            o_position, o_wait = self.pools[self.overflow_pool].estimate_wait(lane, now)
+        overflow = self.overflow_pool
+        if can_overflow and pool != overflow and overflow in self.pools and overflow not in down:
+            o_position, o_wait = self.pools[overflow].estimate_wait(lane, now)
             if o_wait <= limit_s:
-                return Route(self.overflow_pool, lane, o_position, o_wait, "overflow")
+                return Route(overflow, lane, o_position, o_wait, "overflow")
+        if pool in down:
+            return Refuse(limit_s + DOWN_RETRY_S, f"No replica of {pool} is running just now; it is being "
+                                                  f"restarted. Try again in a moment.", down=True)
         return Refuse(wait, f"Every model is busy: the wait would be about {wait:.0f} s, over this plan's "
                             f"limit of {limit_s:.0f} s. Try again in a moment.")
 

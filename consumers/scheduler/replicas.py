@@ -36,10 +36,18 @@ class Replicas:
         self.on: dict[str, str] = {}  # generation_id -> replica
         self.sent: dict[str, OrderedDict[int, None]] = {}  # replica -> checkpoints of prompts sent to it
         self.prefixes: dict[str, frozenset[int]] = {}  # replica -> the prefixes its engine announced
+        self.seen = False  # a replica has announced since this scheduler started
+
+    @property
+    def down(self) -> bool:
+        """Every replica has gone: one announced, and none does now (their keys expired). Before the first
+        announcement (a fleet still loading its engines) a pool is not down: its requests wait in its queue."""
+        return self.seen and not self.announced
 
     def update(self, announcements: Iterable[ReplicaAnnounced]) -> None:
         """The latest announcements; a replica missing from them has left (its load is forgotten with it)."""
         self.announced = {a.worker_id: a for a in announcements}
+        self.seen = self.seen or bool(self.announced)
         self.prefixes = {r: frozenset(a.prefixes) for r, a in self.announced.items() if a.prefixes is not None}
         owners: dict[str, set[str]] = {}
         for a in self.announced.values():

@@ -93,14 +93,16 @@ class Scheduler:
             return await self._refuse(p, 422, f"Unknown model pool {p.pool!r}. Choose one of: "
                                                f"{', '.join(sorted(self.queues.pools))}.", None)
         overflow = self.queues.overflow_pool
+        down = [pool for pool, replicas in self.replicas.items() if replicas.down]
         decision = self.queues.route(p.pool, plan.lane, plan.queue_wait_limit_s, p.route_reason,
-                                     can_overflow=any(a.pool == overflow for a in alternates_of(p)))
+                                     can_overflow=any(a.pool == overflow for a in alternates_of(p)), down=down)
         if isinstance(decision, Refuse):
             return await self._past_limit(p, plan, decision)
         return await self._queue(p, decision)
 
     async def _past_limit(self, p: PromptBuilt, plan: Plan, decision: Refuse) -> list[Out]:
-        """Every pool is past the plan's wait limit: a prepared reply when one fits, else a refusal."""
+        """Every pool is past the plan's wait limit (or has no replica): a prepared reply when one fits, else a
+        refusal."""
         prepared = self.canned.reply_for(p.question) if self.canned else None
         if prepared is not None:
             DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="canned").inc()
@@ -109,7 +111,10 @@ class Scheduler:
             await mark_queued(self.redis, p.generation_id)
             return await self._prepared(p, prepared)
         DECISIONS.labels(plan=p.plan, pool=p.pool, outcome="refused").inc()
-        log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
+        if decision.down:
+            log.info("generation %s refused: no replica of %s announced", p.generation_id, p.pool)
+        else:
+            log.info("generation %s refused: wait %.1f s over %s limit", p.generation_id, decision.wait_s, p.plan)
         return await self._refuse(p, 503, decision.message, max(1.0, decision.wait_s - plan.queue_wait_limit_s))
 
     async def _queue(self, p: PromptBuilt, decision: Route) -> list[Out]:

@@ -202,6 +202,21 @@ def test_no_announcement_leaves_the_partition_to_the_fallback() -> None:
     assert replicas.place("g.paid", "c", "g1", [1, 2, 3]) is None
 
 
+def test_a_pool_is_down_once_every_replica_it_had_has_gone() -> None:
+    replicas = Replicas("conversation")
+    assert not replicas.down  # nothing announced yet: a fleet still loading, its requests wait
+    replicas.update([])
+    assert not replicas.down
+    replicas.update(_announced(("w0", [0]), ("w1", [1])))
+    assert not replicas.down
+    replicas.update(_announced(("w1", [1])))
+    assert not replicas.down
+    replicas.update([])
+    assert replicas.down
+    replicas.update(_announced(("w0", [0])))  # restarted
+    assert not replicas.down
+
+
 def test_a_generation_goes_to_a_partition_its_replica_owns() -> None:
     replicas = Replicas("conversation")
     replicas.update(_announced(("w0", [0, 1]), ("w1", [2]), ("w2", [3])))

@@ -1,5 +1,7 @@
+from consumers.generation.announce import ReplicaAnnounced
 from consumers.scheduler.canned import CANNED_POOL, CannedReplies
 from consumers.scheduler.queueing import PoolLoad, Queues, Shown
+from consumers.scheduler.replicas import Replicas
 from consumers.scheduler.stage import Scheduler
 from infra.config.plans import load_plans
 from schemas import (
@@ -67,6 +69,22 @@ async def test_every_pool_past_its_limit_gets_a_prepared_reply_or_a_refusal() ->
     assert refused[0].event.status == 503 and refused[0].event.retry_after_s and refused[0].event.retry_after_s >= 1
     ended = refused[1].event  # closes the generating placeholder; charged nothing
     assert refused[1].topic == "t.chat.replies" and ended.status == "failed" and ended.usage == Usage()
+
+
+async def test_a_pool_whose_replicas_all_left_overflows_or_is_refused_at_once() -> None:
+    scheduler = _scheduler(busy=False)
+    scheduler.replicas = {"large": Replicas("conversation"), "small": Replicas("conversation")}
+    for pool, replicas in scheduler.replicas.items():
+        replicas.update([ReplicaAnnounced(worker_id=f"{pool}-w", partitions={f"t.generate.{pool}.free": [0]},
+                                          active=0)])
+    scheduler.replicas["large"].update([])  # large's only worker has gone
+    small = PoolPrompt(pool="small", prompt_token_ids=[1], max_tokens=5)
+    outs = await scheduler.handle(_prompt(alternates=[small]))
+    assert isinstance(outs[0].event, GenerationQueued) and outs[0].event.pool == "small"
+    assert outs[0].event.route_reason == "overflow" and outs[1].topic == "t.generate.small.free"
+    refused = await scheduler.handle(_prompt("tell me a story"))  # no prompt fitted for small
+    assert isinstance(refused[0].event, RequestRefused) and refused[0].event.status == 503
+    assert "No replica of large" in refused[0].event.message and (refused[0].event.retry_after_s or 0) >= 10
 
 
 async def test_unknown_pool_is_refused_with_the_valid_names() -> None:

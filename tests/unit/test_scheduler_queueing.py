@@ -96,6 +96,25 @@ def test_overflow_to_small_then_refusal() -> None:
     assert isinstance(refused, Refuse) and refused.wait_s > 10 and "limit of 10 s" in refused.message
 
 
+def test_a_pool_with_no_replica_is_past_every_limit() -> None:
+    q = _queues()  # both pools idle: large would start a request at once
+    routed = q.route("large", "free", 10, "default", now=0, down=["large"])
+    assert isinstance(routed, Route) and routed.pool == "small" and routed.reason == "overflow"
+    refused = q.route("large", "free", 10, "default", now=0, can_overflow=False, down=["large"])
+    assert isinstance(refused, Refuse) and refused.down and "No replica of large" in refused.message
+    assert refused.wait_s > 10  # told to come back later, never "busy for 0 s"
+    # small has no replica either: nothing overflows onto it, whatever its estimate says
+    both = q.route("large", "free", 10, "default", now=0, down=["large", "small"])
+    assert isinstance(both, Refuse) and both.down
+    # only the overflow pool is down: large takes its own requests as before, and refuses past its limit
+    assert q.route("large", "free", 10, "default", now=0, down=["small"]) == Route("large", "free", 0, 0.0, "default")
+    q.enqueued("a", "large", "free", now=0)
+    q.enqueued("b", "large", "free", now=0)
+    q.enqueued("c", "large", "free", now=0)
+    busy = q.route("large", "free", 10, "default", now=0, down=["small"])
+    assert isinstance(busy, Refuse) and not busy.down and "busy" in busy.message
+
+
 def test_unknown_finish_is_ignored_and_known_one_frees_the_slot() -> None:
     q = _queues(large_cap=1)
     q.enqueued("x", "large", "paid", now=0)
