@@ -13,6 +13,7 @@ import base64
 import dataclasses
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from typing import Any
 
 from infra.stores.sealing import Sealer
 from infra.stores.session import AsyncSession
@@ -170,21 +171,23 @@ class Conversations:
         new = Conversation(conv.conversation_id, conv.user_id, title or conv.title, model or conv.model, at,
                            conv.source)
         sealed = await self._seal(conv.conversation_id, new.title)
-        # Three different rows: written together, one round trip instead of three.
+        # The conversation's row and its list row: written together, one round trip instead of two. The new list
+        # row and the old one's removal share the owner's partition: one unlogged batch, a single mutation, so a
+        # list read never sees both rows or neither.
         # The title is written only when given: a reply saved while its owner renamed the conversation read the
         # row before the rename, and writing that title back undid the rename.
+        listing: list[tuple[str, tuple[Any, ...]]] = [(
+            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, sealed, new.model, conv.source))]
+        if listed and _ms(at) != _ms(before):
+            listing.append(("DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? "
+                            "AND conversation_id = ?", (conv.user_id, before, conv.conversation_id)))
         writes = [
             self.db.execute("UPDATE conversations SET updated_at = ?, title = ?, model = ? WHERE conversation_id = ?",
                             (at, sealed, new.model, conv.conversation_id)) if title is not None else
             self.db.execute("UPDATE conversations SET updated_at = ?, model = ? WHERE conversation_id = ?",
                             (at, new.model, conv.conversation_id)),
-            self.db.execute(
-                "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
-                "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, sealed, new.model, conv.source))]
-        if listed and _ms(at) != _ms(before):
-            writes.append(self.db.execute(
-                "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
-                (conv.user_id, before, conv.conversation_id)))
+            self.db.execute(*listing[0]) if len(listing) == 1 else self.db.together(listing)]
         # Deleted while this touch ran (a reply saved as its owner deleted everything): the list row written here
         # is skipped by every list read (``list_for_user`` reads each row's conversation) and removed by the
         # purge, which unlists again after the last process could have held the conversation's key. No read

@@ -86,6 +86,13 @@ class AsyncSession:
             batch.add(stmt, params)
         await _bridge(self.session.execute_async(batch))
 
+    async def together(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Several statements on rows of one partition as an unlogged batch: one mutation, applied at once."""
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for cql, params in statements:
+            batch.add(self.prepare(cql), params)
+        await _bridge(self.session.execute_async(batch))
+
     async def atomically(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
         """Several statements as one logged batch (conditional when they carry ``IF``: one partition only)."""
         batch = BatchStatement(batch_type=BatchType.LOGGED)
