@@ -159,8 +159,13 @@ async function showApp(user) {
   $("app").hidden = false;
   me = user;
   $("who").textContent = `${user.display_name || "Signed in"} · ${user.plan} plan`;
-  await Promise.all([loadModels(), sidebar.reset().catch((err) => showBanner(describe(err))), refreshUsage()]);
+  const rest = Promise.all([sidebar.reset().catch((err) => showBanner(describe(err))), refreshUsage()]);
+  // The address is opened as soon as the picker has its models, in the same turn: a new chat's default model is
+  // picked before anyone can pick one. Opened after the list and usage reads too, it undid a pick made meanwhile
+  // (the next message then went to the default model).
+  await loadModels();
   await openFromAddress();
+  await rest;
   $("input").focus();
 }
 
