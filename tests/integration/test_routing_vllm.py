@@ -6,6 +6,8 @@ routing ``conversation``). Conversations are continued through the Responses API
 usage says how many prompt tokens the engine found in its cache; which replica served a generation is read from
 the workers' own logs. Conversations are opened until each replica has served some (at most MAX_CONVERSATIONS, of
 three short turns each). The figures are printed (``-s``) and written to ``tests/artifacts/routing-vllm.txt``.
+Here rather than beside the e2e files: their service's two engines are stopped by now, and a replica of vLLM's
+CPU build holds about 3 GB (four more engines beside `parley up`'s starved this 24 GiB machine).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import pytest
 from infra.config.settings import Settings
 from tests.e2e.conftest import ARTIFACTS, _make_user
 from tests.e2e.service import Service, launch
+
+pytestmark = pytest.mark.integration
 
 BLOCK = 128  # the prefix cache holds whole blocks, and vLLM's CPU build makes them 128 tokens long
 # The first message is long and its own to each conversation from its first words, so a conversation's first
