@@ -80,25 +80,21 @@ class AsyncSession:
 
     async def batch(self, cql: str, rows: Sequence[Sequence[Any]]) -> None:
         """One statement bound to many rows, sent as an unlogged batch (for rows of one partition)."""
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        stmt = self.prepare(cql)
-        for params in rows:
-            batch.add(stmt, params)
-        await _bridge(self.session.execute_async(batch))
+        await self.together([(cql, params) for params in rows])
 
     async def together(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         """Several statements on rows of one partition as an unlogged batch: one mutation, applied at once."""
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        for cql, params in statements:
-            batch.add(self.prepare(cql), params)
-        await _bridge(self.session.execute_async(batch))
+        await self._batch(BatchType.UNLOGGED, statements)
 
     async def atomically(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
         """Several statements as one logged batch (conditional when they carry ``IF``: one partition only)."""
-        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        return (await self._batch(BatchType.LOGGED, statements)).rows
+
+    async def _batch(self, kind: BatchType, statements: Sequence[tuple[str, Sequence[Any]]]) -> Page:
+        batch = BatchStatement(batch_type=kind)
         for cql, params in statements:
             batch.add(self.prepare(cql), params)
-        return (await _bridge(self.session.execute_async(batch))).rows
+        return await _bridge(self.session.execute_async(batch))
 
     async def page(self, cql: str, params: Sequence[Any] = (), fetch_size: int | None = 50,
                    paging_state: bytes | None = None) -> Page:
