@@ -3,7 +3,8 @@
 prefix cache and prefill model), fed multi-turn conversations. No broker, no clock: one run takes seconds and
 gives the same figures every time for a seed, whatever else the machine is doing.
 
-Per policy: the prefix-cache hit rate (cached / prompt tokens), TTFT p50/p99 (arrival -> first token, virtual),
+Per policy: the prefix-cache hit rate (cached / prompt tokens; and past the shared system prompt, which every
+replica holds whatever the policy), TTFT p50/p99 (arrival -> first token, virtual),
 max/mean of the replicas' mean queues (running + waiting, sampled each virtual second), on the steady load, on
 a skewed one (a few very long conversations) and with a replica leaving half way (its conversations re-homed).
 Replicas announce their held prefixes each virtual second, as the workers do.
@@ -28,8 +29,12 @@ from infra.config.pools import SimConfig
 
 TOPIC = "generate.large.paid"
 REPLICAS = 4
-SYSTEM = list(range(50_000, 50_120))  # a shared system prompt: every replica soon holds it
-SIM = SimConfig(reply_tokens=64)
+# The seeds' traffic: "every request starts with the same 1,000-token system prompt" (every replica soon holds
+# it), replies of 640 tokens on average within a 2,000-token cap; a user's message is ~200 tokens here.
+SYSTEM = list(range(50_000, 51_000))
+MESSAGE_TOKENS = 200
+REPLY_TOKENS, REPLY_CAP = 640, 2_000
+SIM = SimConfig(reply_tokens=REPLY_TOKENS)
 SEQS = 64
 
 
@@ -47,6 +52,8 @@ class Run:
     ttft: list[float] = field(default_factory=list)
     prompt: int = 0
     cached: int = 0
+    history: int = 0  # prompt tokens past the shared system prompt: what only a conversation's replica can hold
+    history_cached: int = 0
     queues: dict[str, list[int]] = field(default_factory=dict)
     moved: int = 0  # turns after the leave of conversations last served by the replica that left
     kept: int = 0  # turns after the leave of the others that stayed on their replica
@@ -56,6 +63,7 @@ class Run:
         means = [statistics.fmean(q) for q in self.queues.values() if q]
         ttft = sorted(self.ttft)
         return {"hit_rate": round(self.cached / self.prompt, 3) if self.prompt else None,
+                "history_hit_rate": round(self.history_cached / self.history, 3) if self.history else None,
                 "ttft_p50_s": round(ttft[len(ttft) // 2], 3), "ttft_p99_s": round(ttft[int(len(ttft) * 0.99)], 3),
                 "queue_max_over_mean": round(max(means) / statistics.fmean(means), 2) if any(means) else None,
                 "replies": len(ttft)}
@@ -76,7 +84,7 @@ def simulate(routing: Routing, rate: float, seconds: float, seed: int, skew: boo
     t = rng.expovariate(rate)
     while t < seconds:
         long_one = skew and rng.random() < 0.05
-        conv = Conversation(f"c{n}", 20 if long_one else rng.randint(3, 8), 1500 if long_one else 300)
+        conv = Conversation(f"c{n}", 12 if long_one else rng.randint(3, 8), 1500 if long_one else MESSAGE_TOKENS)
         heapq.heappush(events, (t, n, "turn", conv))
         n += 1
         t += rng.expovariate(rate)
@@ -102,7 +110,9 @@ def simulate(routing: Routing, rate: float, seconds: float, seed: int, skew: boo
                 live.discard("w3")
                 announce(now)
             rid = f"{conv.cid}.{conv.done}"
-            conv.prompt += [rng.randrange(40_000) for _ in range(conv.message_tokens)]
+            message = conv.message_tokens if conv.message_tokens > MESSAGE_TOKENS else \
+                max(8, int(rng.expovariate(1 / conv.message_tokens)))
+            conv.prompt += [rng.randrange(40_000) for _ in range(message)]
             placed = replicas.place(TOPIC, conv.cid, rid, list(conv.prompt))
             assert placed is not None
             w = placed.placement.replica
@@ -115,7 +125,8 @@ def simulate(routing: Routing, rate: float, seconds: float, seed: int, skew: boo
             core = cores[w]
             if not core.by_id and core.now < now:
                 core.advance_idle(now - core.now)
-            reply = [rng.randrange(40_000) for _ in range(max(8, int(rng.expovariate(1 / SIM.reply_tokens))))]
+            length = min(REPLY_CAP, max(8, int(rng.expovariate(1 / REPLY_TOKENS))))
+            reply = [rng.randrange(40_000) for _ in range(length)]
             core.add(rid, list(conv.prompt), reply, "stop")
             arrived[rid] = (now, conv, w)
             conv.prompt += reply
@@ -132,6 +143,8 @@ def simulate(routing: Routing, rate: float, seconds: float, seed: int, skew: boo
                 replicas.finished(rid)
                 run.prompt += len(out.seq.prompt)
                 run.cached += max(0, out.seq.cached_prompt_tokens)
+                run.history += len(out.seq.prompt) - len(SYSTEM)
+                run.history_cached += max(0, out.seq.cached_prompt_tokens - len(SYSTEM))
                 conv.done += 1
                 if conv.done < conv.turns:
                     heapq.heappush(events, (core.now + rng.expovariate(1 / 5.0), n, "turn", conv))  # ~5 s to read
@@ -158,6 +171,8 @@ def main() -> None:
     for routing in ROUTINGS:
         r = rows[routing]["steady"]
         print(f"{routing:>13}: hit {r['hit_rate']:.0%} ({(r['hit_rate'] - base['hit_rate']) * 100:+.0f} points), "
+              f"past the system prompt {r['history_hit_rate']:.0%} "
+              f"({(r['history_hit_rate'] - base['history_hit_rate']) * 100:+.0f} points), "
               f"TTFT p50 {r['ttft_p50_s']:.3f} s ({base['ttft_p50_s'] / r['ttft_p50_s']:.1f}x random's), "
               f"skewed max/mean queue {rows[routing]['skewed']['queue_max_over_mean']}")
 
