@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from consumers.generation.announce import ReplicaAnnounced
 from consumers.generation.sim_core import CHECKPOINT_BLOCKS, RECENT_PREFIXES, block_hashes
 from consumers.scheduler.placement import Placement, Ring, Routing, place
-from topics.partitioning import partition_for
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,10 @@ class Replicas:
         self.on[generation_id] = placement.replica
         if hashes:
             self._sent(placement.replica, hashes)
-        return Placed(owned[partition_for(conversation_id, len(owned))], placement)
+        # The replica's first partition of the lane, whichever conversation: its worker then takes the lane's
+        # requests in the order they were queued (across several partitions it takes whichever its fetch
+        # returns first, so a request could be overtaken by later ones and wait longer than it was shown).
+        return Placed(min(owned), placement)
 
     def finished(self, generation_id: str) -> None:
         replica = self.on.pop(generation_id, None)

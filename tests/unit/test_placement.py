@@ -217,13 +217,16 @@ def test_a_pool_is_down_once_every_replica_it_had_has_gone() -> None:
     assert not replicas.down
 
 
-def test_a_generation_goes_to_a_partition_its_replica_owns() -> None:
+def test_a_generation_goes_to_its_replicas_first_partition_so_the_lane_is_taken_in_order() -> None:
     replicas = Replicas("conversation")
-    replicas.update(_announced(("w0", [0, 1]), ("w1", [2]), ("w2", [3])))
+    replicas.update(_announced(("w0", [1, 0]), ("w1", [2]), ("w2", [3])))
+    used = set()
     for i in range(50):
         placed = replicas.place("g.free", f"c{i}", f"g{i}", [1, 2, 3])
         assert placed is not None
-        assert placed.partition in replicas.announced[placed.placement.replica].partitions["g.free"]
+        assert placed.partition == min(replicas.announced[placed.placement.replica].partitions["g.free"])
+        used.add(placed.placement.replica)
+    assert used == {"w0", "w1", "w2"}  # every replica served, each from one partition (w0 never from 1)
     assert sum(replicas.loads.values()) == 50
     for i in range(50):
         replicas.finished(f"g{i}")
