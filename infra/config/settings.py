@@ -121,6 +121,10 @@ class Settings:
     # while it is empty the caller gets 429 before its request is read. 0: no budget
     refusal_burst: int = 60
     refusals_per_minute: float = 120.0
+    # A request from a caller whose bucket is empty is held this long at most (no CPU: a timer) before it is
+    # heard (the bucket refilled meanwhile) or answered 429; a caller looping on refusals gets one answer per
+    # connection per hold, not thousands a second. At most REFUSAL_HOLD_PER_CALLER held at once per caller
+    refusal_hold_s: float = 1.0
     # Gateway i of N tails the partitions p of chat.tokens with p % N == i, and mints the generation ids of
     # the messages it accepts so their token records land there; another gateway's streams it follows through
     # a reader shared per partition while someone reads it
@@ -272,6 +276,7 @@ VARS: tuple[Var, ...] = (
     Var("MAX_BODY_BYTES", "max_body_bytes", int),
     Var("REFUSAL_BURST", "refusal_burst", int),
     Var("REFUSALS_PER_MINUTE", "refusals_per_minute", float),
+    Var("REFUSAL_HOLD_S", "refusal_hold_s", float),
     Var("GATEWAY_INDEX", "gateway_index", int),
     Var("GATEWAYS", "gateway_count", int),
     Var("ROUTE_SMALL_MAX_CHARS", "route_small_max_chars", _optional_int),

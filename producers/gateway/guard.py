@@ -10,13 +10,18 @@
   costs the gateway a header scan per attempt, not a parse and a check. A caller whose requests
   succeed never spends the budget. Requests with no credentials are not budgeted (they are refused by
   authentication, which reads no body; a flood from one address is the load balancer's to limit).
+- **Hold**: such a request is first held until the bucket has a refusal back, at most ``refusal_hold_s``
+  (a timer, no CPU), then heard or answered 429. A client that ignores Retry-After and loops gets one answer
+  per connection per hold instead of one per millisecond, so its loop no longer takes the gateway's CPU from
+  other callers. At most HOLD_PER_CALLER held at once per caller and HOLD_MAX in all; past them, the 429 at once.
 
-Both are per gateway and in memory: no store round trip, no record. One lookup in a dict per request.
+All are per gateway and in memory: no store round trip, no record. One lookup in a dict per request.
 """
 from __future__ import annotations
 
+import asyncio
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,6 +34,9 @@ from producers.gateway.metrics import GUARD_REFUSALS
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MAX_CALLERS = 100_000  # buckets kept; the least recently refused go first (a full bucket is the default)
+HOLD_PER_CALLER = 64  # requests of one caller held at once (see the module's Hold)
+HOLD_MAX = 4096  # requests held at once on this gateway
+HOLD_SLACK_S = 0.01  # held past the refill by this much, so the clock and rounding never leave it just short
 _COOKIE_PREFIX = SESSION_COOKIE.encode() + b"="
 
 
@@ -53,6 +61,12 @@ class RefusalBudget:
             return 0.0
         level = self._level(caller, self.clock())
         return 0.0 if level >= 1.0 else (1.0 - level) / self.rate
+
+    def refund(self, caller: bytes) -> None:
+        """Gives back a refusal taken ahead (``Guard._held_for``) for a request that was not refused."""
+        if caller in self.buckets:
+            level, at = self.buckets[caller]
+            self.buckets[caller] = (min(float(self.burst), level + 1.0), at)
 
     def refused(self, caller: bytes) -> None:
         now = self.clock()
@@ -90,6 +104,9 @@ class Guard:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app, self.max_body = app, settings.max_body_bytes
         self.budget = RefusalBudget(settings.refusal_burst, settings.refusals_per_minute)
+        self.hold_s = settings.refusal_hold_s
+        self.held: Counter[bytes] = Counter()  # caller -> its requests held now
+        self.holding = 0  # requests held now, all callers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -97,7 +114,8 @@ class Guard:
             return
         caller, length = caller_of(scope["headers"])
         budgeted = caller if self.budget.enabled else None  # the caller whose refusals are counted
-        if budgeted is not None and (wait := self.budget.wait_s(budgeted)) > 0:
+        wait, taken = await self._held_for(budgeted) if budgeted is not None else (0.0, False)
+        if budgeted is not None and wait > 0:
             GUARD_REFUSALS.labels("refusal_budget").inc()
             await _answer(scope, receive, send, ApiError(
                 429, "too_many_refused", f"Too many of your requests were refused lately: after {self.budget.burst} "
@@ -115,13 +133,40 @@ class Guard:
                     return
                 receive = _replay(chunks, receive)
         if budgeted is not None:
-            send = self._counting(budgeted, send)
+            send = self._counting(budgeted, send, taken)
         await self.app(scope, receive, send)
 
-    def _counting(self, caller: bytes, send: Send) -> Send:
+    async def _held_for(self, caller: bytes) -> tuple[float, bool]:
+        """(0 when the caller may be heard now, else the seconds until it may; whether a refusal was taken ahead
+        for it). Held first, within the limits; a held request heard takes the refusal that came back at once,
+        so of several held only one is heard per refusal refilled (given back if it is not refused)."""
+        wait = self.budget.wait_s(caller)
+        if wait <= 0 or self.hold_s <= 0 or self.held[caller] >= HOLD_PER_CALLER or self.holding >= HOLD_MAX:
+            return wait, False
+        self.held[caller] += 1
+        self.holding += 1
+        try:
+            await asyncio.sleep(min(wait + HOLD_SLACK_S, self.hold_s))
+        finally:
+            self.holding -= 1
+            self.held[caller] -= 1
+            if self.held[caller] <= 0:
+                del self.held[caller]
+        wait = self.budget.wait_s(caller)
+        if wait > 0:
+            return wait, False
+        self.budget.refused(caller)
+        return 0.0, True
+
+    def _counting(self, caller: bytes, send: Send, taken: bool = False) -> Send:
+        """Counts a 4xx answer as a refusal; ``taken``: one was taken ahead, given back for any other answer."""
         async def counted(message: Message) -> None:
-            if message["type"] == "http.response.start" and 400 <= message["status"] < 500:
-                self.budget.refused(caller)
+            if message["type"] == "http.response.start":
+                refused = 400 <= message["status"] < 500
+                if refused and not taken:
+                    self.budget.refused(caller)
+                elif taken and not refused:
+                    self.budget.refund(caller)
             await send(message)
         return counted
 

@@ -2,6 +2,7 @@
 was wrong, answered before Kafka or an engine sees it, never a 5xx or a reset connection (issue 30)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -144,13 +145,25 @@ async def test_a_caller_refused_again_and_again_waits_and_another_user_does_not(
     _, other = await Accounts(db).create_user("free")
     bad = {"model": "large", "messages": USER, "max_tokens": 0}
     async with httpx.AsyncClient(base_url=gateway, timeout=30) as http:
+        started = time.monotonic()
         statuses = [(await http.post("/v1/chat/completions", json=bad, headers=headers)).status_code
-                    for _ in range(settings.refusal_burst + 5)]
-        assert statuses.count(400) >= settings.refusal_burst and statuses[-1] == 429, statuses
-        r = await http.post("/v1/chat/completions", json=bad, headers=headers)
-        err = openai_error(r, 429)
-        assert err["code"] == "rate_limit_exceeded" and "refused" in err["message"] and r.headers["retry-after"]
-        r = await http.post("/v1/conversations", json={}, headers=headers)
-        assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_refused"
+                    for _ in range(settings.refusal_burst)]
+        assert statuses == [400] * settings.refusal_burst
+        refilled = (time.monotonic() - started) * settings.refusals_per_minute / 60  # came back meanwhile
+        # Past the burst, one at a time: each is held until a refusal comes back, then heard (its own 400)
+        started = time.monotonic()
+        statuses = [(await http.post("/v1/chat/completions", json=bad, headers=headers)).status_code
+                    for _ in range(8)]
+        assert statuses == [400] * 8
+        at_least = (8 - 1 - refilled) * 60 / settings.refusals_per_minute  # paced at the refill rate, not at once
+        assert time.monotonic() - started >= at_least - 0.25, (time.monotonic() - started, at_least)
+        # Several at once: held, one heard per refusal that comes back, the others answered 429 after their hold
+        answers = await asyncio.gather(*(http.post("/v1/chat/completions", json=bad, headers=headers)
+                                         for _ in range(8)))
+        codes = sorted(r.status_code for r in answers)
+        assert set(codes) <= {400, 429} and codes.count(429) >= 5, codes
+        err = openai_error(next(r for r in answers if r.status_code == 429), 429)
+        assert err["code"] == "rate_limit_exceeded" and "refused" in err["message"]
+        assert float(next(r for r in answers if r.status_code == 429).headers["retry-after"]) > 0
         r = await http.post("/v1/conversations", json={}, headers={"Authorization": f"Bearer {other}"})
         assert r.status_code == 201  # another user is heard at once

@@ -2,15 +2,18 @@
 its request reaches a route, while other callers and requests with no credentials go on."""
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
+from starlette.types import Message, Receive, Scope, Send
 
 from infra.config.settings import Settings
-from producers.gateway.guard import Guard, RefusalBudget, caller_of
+from producers.gateway.guard import HOLD_PER_CALLER, Guard, RefusalBudget, caller_of
 
 
 class Clock:
@@ -61,7 +64,7 @@ def app() -> Iterator[tuple[TestClient, dict[str, int]]]:
         calls["n"] += 1
         return {"bytes": len(await request.body())}
 
-    settings = Settings().with_(refusal_burst=3, refusals_per_minute=6, max_body_bytes=1000)
+    settings = Settings().with_(refusal_burst=3, refusals_per_minute=6, max_body_bytes=1000, refusal_hold_s=0.05)
     inner.add_middleware(Guard, settings=settings)
     with TestClient(inner) as client:
         yield client, calls
@@ -83,6 +86,65 @@ def test_a_caller_out_of_refusals_gets_429_before_the_route_and_others_go_on(
     assert client.post("/bad", headers=alice).status_code == 400
     # no credentials: never budgeted here
     assert [client.post("/bad").status_code for _ in range(6)] == [400] * 6
+
+
+async def test_a_caller_out_of_refusals_is_held_then_heard_or_refused_and_only_so_many_are_held() -> None:
+    clock = Clock()
+    calls: list[str] = []
+
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        calls.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200 if scope["path"] == "/ok" else 400, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    guard = Guard(route, Settings().with_(refusal_burst=1, refusals_per_minute=60, refusal_hold_s=0.2))
+    guard.budget.clock = clock
+    sent: list[int] = []
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            sent.append(message["status"])
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    def request(path: str) -> Scope:
+        return {"type": "http", "method": "GET", "path": path, "headers": [(b"authorization", b"Bearer m")]}
+
+    await guard(request("/a"), receive, send)  # refused: the bucket is empty now, one back in 1 s
+    assert sent == [400]
+    started = time.monotonic()
+    await guard(request("/b"), receive, send)  # held 0.2 s (a second's wait, capped), then still out: 429
+    assert sent == [400, 429] and time.monotonic() - started >= 0.19 and calls == ["/a"]
+
+    async def refill() -> None:
+        await asyncio.sleep(0.05)
+        clock.now += 1.0  # the refusal comes back while the request is held
+    await asyncio.gather(guard(request("/c"), receive, send), refill())
+    assert sent == [400, 429, 400] and calls == ["/a", "/c"]  # held, then heard
+
+    # Of several held, one is heard per refusal that comes back; the others are answered 429
+    sent.clear()
+    calls.clear()
+    tasks = [asyncio.create_task(guard(request("/e"), receive, send)) for _ in range(5)]
+    await asyncio.sleep(0.05)
+    clock.now += 1.0  # one refusal back
+    await asyncio.gather(*tasks)
+    assert calls == ["/e"] and sorted(sent) == [400, 429, 429, 429, 429]
+
+    # A held request heard and not refused gives back the refusal it took: the next is heard without a hold
+    sent.clear()
+    await asyncio.gather(guard(request("/ok"), receive, send), refill())
+    assert sent == [200] and guard.budget.wait_s(b"Bearer m") == 0
+
+    await guard(request("/f"), receive, send)  # spends it
+    # Past HOLD_PER_CALLER held at once, the caller's next requests are answered at once
+    sent.clear()
+    tasks = [asyncio.create_task(guard(request("/d"), receive, send)) for _ in range(HOLD_PER_CALLER + 4)]
+    await asyncio.sleep(0.05)
+    assert guard.holding == HOLD_PER_CALLER and sent == [429] * 4  # the 4 past the cap answered, not held
+    await asyncio.gather(*tasks)
+    assert sent == [429] * (HOLD_PER_CALLER + 4) and guard.holding == 0 and not guard.held
 
 
 def test_successes_spend_nothing(app: tuple[TestClient, dict[str, int]]) -> None:
