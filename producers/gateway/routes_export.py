@@ -1,5 +1,6 @@
 """Export: one conversation (the branch on screen) as JSON or Markdown, or every conversation of an account
-as one streamed JSON document. Owner only; the text is unsealed here and nowhere else on the way out.
+as one streamed document: JSON (every message and sibling) or Markdown (each conversation's branch on screen, to
+read). Owner only; the text is unsealed here and nowhere else on the way out.
 
 The account export holds one conversation in memory at a time (its messages read 500 rows per page) and
 at most ``MAX_CONVERSATIONS`` of them; a gateway runs one account export per user at a time.
@@ -64,31 +65,66 @@ def _attachment(name: str) -> dict[str, str]:
 
 
 @router.get("/conversations/export", responses=responses(429))
-async def export_all(request: Request, user: User = Depends(current_user)) -> StreamingResponse:
-    """Every conversation of the caller (listed or not), each with every message and sibling (``parent_id``
-    rebuilds the tree), as one JSON document streamed a conversation at a time."""
+async def export_all(request: Request,
+                     format: Literal["json", "markdown"] = Query("json", description="json or markdown"),
+                     user: User = Depends(current_user)) -> StreamingResponse:
+    """Every conversation of the caller (listed or not), streamed a conversation at a time: as JSON, each with
+    every message and sibling (``parent_id`` rebuilds the tree); as Markdown, each one's branch on screen (the
+    newest sibling at every turn), oldest conversation first, to read."""
     gw = gateway_of(request)
     if user.user_id in _running:
         raise ApiError(429, "export_running", "An export of your conversations is already running. "
                                               "Wait for it to finish, then try again.", retry_after=5)
     ids = (await gw.conversations.ids_of_user(user.user_id))[:MAX_CONVERSATIONS]
-    return StreamingResponse(_stream_all(gw, user.user_id, ids), media_type="application/json",
+    if format == "markdown":
+        return StreamingResponse(_stream_all(gw, user.user_id, ids, _MarkdownAll()),
+                                 media_type="text/markdown; charset=utf-8",
+                                 headers=_attachment("parley-conversations.md"))
+    return StreamingResponse(_stream_all(gw, user.user_id, ids, _JsonAll()), media_type="application/json",
                              headers=_attachment("parley-conversations.json"))
 
 
-async def _stream_all(gw: Gateway, user_id: str, ids: list[str]) -> AsyncIterator[bytes]:
+class _JsonAll:
+    """One JSON document: ``{"exported_at", "conversations": [...]}``."""
+
+    def start(self, now: datetime) -> bytes:
+        return json.dumps({"exported_at": transcript.iso(now)})[:-1].encode() + b', "conversations": ['
+
+    def one(self, conv: Conversation, messages: list[Message], index: int, now: datetime) -> bytes:
+        return (b", " if index else b"") + json.dumps(_document(conv, messages), ensure_ascii=False).encode()
+
+    def end(self) -> bytes:
+        return b"]}\n"
+
+
+class _MarkdownAll:
+    """Each conversation as its own export reads, separated by a rule."""
+
+    def start(self, now: datetime) -> bytes:
+        return b""
+
+    def one(self, conv: Conversation, messages: list[Message], index: int, now: datetime) -> bytes:
+        body = transcript.markdown(conv.title, conv.model, transcript.branch(messages), now)
+        return (("\n---\n\n" if index else "") + body).encode()
+
+    def end(self) -> bytes:
+        return b""
+
+
+async def _stream_all(gw: Gateway, user_id: str, ids: list[str], shape: _JsonAll | _MarkdownAll
+                      ) -> AsyncIterator[bytes]:
     _running.add(user_id)  # here, not in the route: a response never started must not hold the slot
     try:
-        yield json.dumps({"exported_at": transcript.iso(datetime.now(UTC))})[:-1].encode() + b', "conversations": ['
+        now = datetime.now(UTC)
+        yield shape.start(now)
         count = 0
         for conversation_id in ids:
             conv = await gw.conversations.get(conversation_id)
             if conv is None or conv.user_id != user_id:
                 continue  # deleted since the list was read
-            doc = _document(conv, await history(gw, conversation_id))
-            yield (b", " if count else b"") + json.dumps(doc, ensure_ascii=False).encode()
+            yield shape.one(conv, await history(gw, conversation_id), count, now)
             count += 1
-        yield b"]}\n"
+        yield shape.end()
         log.info("account export for %s: %d conversations", user_id, count)
     finally:
         _running.discard(user_id)

@@ -85,6 +85,9 @@ async def test_sign_in_send_watch_it_stream_and_stop(open_page: OpenPage, http: 
     assert await reply_text(page) == await rendered(page, saved["content"])
     assert await page.locator(f"#conversation-list a[href='#/c/{cid}']").count() == 1
     assert await page.locator(f"{REPLY} .model").last.inner_text() == f"{saved['pool']} · {saved['model']}"
+    # who speaks, for a screen reader: read before each message, hidden from sight
+    assert await page.locator("#messages .sr-only").all_text_contents() == ["You said:", "Parley replied:"]
+    assert (await page.locator("#messages .sr-only").first.bounding_box() or {"width": 0})["width"] <= 1
 
 
 async def test_a_dropped_connection_resumes_with_last_event_id(open_page: OpenPage, service: Service,

@@ -93,6 +93,9 @@ async def test_a_shared_conversation_shows_script_as_text(open_page: OpenPage, h
     assert await page.evaluate("window.pwned") is None
     assert await shown.locator("script, img, [onerror], a[href^='javascript']").count() == 0
     assert await page.locator("#shared-messages .msg.user .bubble").inner_text() == HOSTILE
+    # who speaks, for a screen reader: read before each message, hidden from sight
+    assert await shown.locator(".sr-only").all_text_contents() == ["They said:", "Parley replied:"]
+    assert (await shown.locator(".sr-only").first.bounding_box() or {"width": 0})["width"] <= 1
     reply = page.locator("#shared-messages .msg.assistant .md")
     assert await reply.locator("strong").inner_text() == "bold"
     assert "<script>window.pwned=1</script>" in await reply.inner_text()

@@ -80,6 +80,12 @@ async def test_default_model_tokens_export_and_delete_all(make_page: Page, http:
         await page.locator("#export-all").click()
     exported = json.loads(open(await (await info.value).path(), encoding="utf-8").read())  # noqa: SIM115
     assert set(ids) <= {c["conversation_id"] for c in exported["conversations"]}
+    async with page.expect_download() as info:
+        await page.locator("#export-all-md").click()
+    download = await info.value
+    assert download.suggested_filename == "parley-conversations.md"
+    markdown = open(await download.path(), encoding="utf-8").read()  # noqa: SIM115
+    assert markdown.startswith("# ") and "\n## You" in markdown and "\n## Parley" in markdown
     await page.locator("#delete-all").click()
     await until(page, "document.querySelector('#data-note').textContent.startsWith('Deleted ')")
     assert "cannot be undone" in seen[1]

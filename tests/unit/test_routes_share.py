@@ -208,3 +208,18 @@ async def test_the_account_export_is_every_conversation_of_the_caller_in_one_jso
     assert [c["conversation_id"] for c in doc["conversations"]] == ["c", "d"]
     assert [m["content"] for m in doc["conversations"][0]["messages"]] == ["Name a <b>fruit</b>.", "A **pear**."]
     assert routes_export._running == set()  # the stream ended: another export may start
+
+
+async def test_the_account_export_as_markdown_is_each_conversations_branch_to_read(client: Any) -> None:
+    http, gw = client
+    await say(gw, 2, "user", "m1", "And a tree?")  # a later turn: on the branch shown
+    r = await http.get("/v1/conversations/export", params={"format": "markdown"}, headers=ANN)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/markdown")
+    assert r.headers["content-disposition"] == 'attachment; filename="parley-conversations.md"'
+    first, second = r.text.split("\n---\n\n")  # one per conversation of the caller, none of another's
+    assert first.startswith("# Fruit\n") and "A **pear**." in first and "And a tree?" in first
+    assert second.startswith("# Untitled conversation\n")
+    bobs = await http.get("/v1/conversations/export", params={"format": "markdown"}, headers=BOB)
+    assert "Fruit" not in bobs.text and "pear" not in bobs.text
+    assert (await http.get("/v1/conversations/export?format=pdf", headers=ANN)).status_code == 422
+    assert routes_export._running == set()

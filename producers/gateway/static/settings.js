@@ -35,7 +35,8 @@ export class SettingsDialog {
     $("instructions-save").addEventListener("click", () => {
       this.saveInstructions().catch((err) => this.say("instructions-note", err.message));
     });
-    $("export-all").addEventListener("click", () => this.exportAll());
+    $("export-all").addEventListener("click", () => this.exportAll("json"));
+    $("export-all-md").addEventListener("click", () => this.exportAll("markdown"));
     $("delete-all").addEventListener("click", () => this.deleteAll().catch((err) => this.say("data-note", err.message)));
     $("token-form").addEventListener("submit", (e) => {
       e.preventDefault();
@@ -96,9 +97,9 @@ export class SettingsDialog {
       ? "Saved: new chats follow these instructions." : "Erased: new chats have no custom instructions.");
   }
 
-  exportAll() {
+  exportAll(format) {
     const link = el("a"); // an attachment: the browser saves it
-    link.href = "/v1/conversations/export";
+    link.href = `/v1/conversations/export?format=${format}`;
     link.download = "";
     document.body.append(link);
     link.click();

@@ -18,7 +18,7 @@ function el(tag, className, text) {
 function messageView(msg) {
   const node = el("article", `msg ${msg.role === "user" ? "user" : "assistant"}`);
   if (msg.role === "user") {
-    node.append(el("div", "bubble", msg.content));
+    node.append(el("span", "sr-only", "They said:"), el("div", "bubble", msg.content));
     return node;
   }
   const body = el("div", "md");
@@ -26,7 +26,7 @@ function messageView(msg) {
   const meta = el("footer", "reply-meta");
   if (msg.model) meta.append(el("span", "model", msg.model));
   if (STATUS[msg.status]) meta.append(el("span", "status", STATUS[msg.status]));
-  node.append(body, meta);
+  node.append(el("span", "sr-only", "Parley replied:"), body, meta);
   return node;
 }
 
