@@ -1,11 +1,12 @@
-"""Rename and delete from the chat page's sidebar, in the real browser against the whole service."""
+"""Rename and delete from the chat page's sidebar, and share, copy, revoke and export from the open
+conversation's menu, in the real browser at desktop size against the whole service."""
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
 
-from tests.e2e.browser import shot, sign_in, until
+from tests.e2e.browser import conversation_id, send, shot, sign_in, until, wait_done
 from tests.e2e.conftest import Caller
 from tests.e2e.test_page import OpenPage, browser, open_page  # noqa: F401 - the page fixtures
 
@@ -60,3 +61,39 @@ async def test_rename_and_delete_from_the_sidebar(open_page: OpenPage, http: htt
     await page.locator(LINK.format(keep)).wait_for()
     assert await page.locator(LINK.format(doomed)).count() == 0
     await shot(page, "privacy-02-deleted")
+
+
+async def test_share_copy_revoke_and_export_from_the_open_conversations_menu(
+        open_page: OpenPage, alice: Caller) -> None:  # noqa: F811
+    page = await open_page()
+    await page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    await sign_in(page, alice)
+    await send(page, "Name a river.")
+    await wait_done(page)
+    await conversation_id(page)
+    await page.locator("#chat-menu-button").click()
+    await page.locator("#share-open").click()
+    await page.locator("#share-dialog").wait_for(state="visible")
+    await page.locator("#share-create").click()
+    await until(page, "document.querySelector('#share-link').value.includes('/s/')")
+    link = await page.locator("#share-link").input_value()
+    await page.locator("#share-copy").click()
+    await until(page, "document.querySelector('#share-copy').textContent === 'Copied'")
+    assert await page.evaluate("navigator.clipboard.readText()") == link
+    await shot(page, "share-01-dialog")
+    async with httpx.AsyncClient() as anyone:  # no account, no cookie
+        shared = await anyone.get(link.replace("/s/", "/v1/shares/"))
+        assert shared.status_code == 200 and shared.json()["messages"][0]["content"] == "Name a river."
+        await page.locator("#share-revoke").click()
+        await until(page, "document.querySelector('#share-note').textContent.includes('revoked')")
+        assert (await anyone.get(link.replace("/s/", "/v1/shares/"))).status_code == 404
+    assert await page.locator("#share-link-row").is_hidden()
+    await page.locator("#share-close").click()
+
+    for button, kind in (("#export-md", ".md"), ("#export-json", ".json")):
+        await page.locator("#chat-menu-button").click()
+        async with page.expect_download() as info:
+            await page.locator(button).click()
+        download = await info.value
+        assert download.suggested_filename.endswith(kind)
+        assert "Name a river." in open(await download.path(), encoding="utf-8").read()  # noqa: SIM115
