@@ -116,6 +116,7 @@ class Settings:
     public_url: str = ""
     allowed_hosts: tuple[str, ...] = ()  # more Host names answered (a service name, *.example.com); "*": any
     max_streams_per_user: int = 8  # replies and resumes one user may hold open on one gateway; then 429
+    max_streams_per_gateway: int = 10_000  # those of all users on one gateway; then 503 (0: no limit)
     max_body_bytes: int = 4 * 1024 * 1024  # a request body over this is a 413 before it is read
     # Refused requests (4xx) one caller may make on one gateway: a bucket this deep, refilled at this rate;
     # while it is empty the caller gets 429 before its request is read. 0: no budget
@@ -273,6 +274,7 @@ VARS: tuple[Var, ...] = (
     Var("PUBLIC_URL", "public_url", str),
     Var("ALLOWED_HOSTS", "allowed_hosts", _names),
     Var("MAX_STREAMS_PER_USER", "max_streams_per_user", int),
+    Var("MAX_STREAMS_PER_GATEWAY", "max_streams_per_gateway", int),
     Var("MAX_BODY_BYTES", "max_body_bytes", int),
     Var("REFUSAL_BURST", "refusal_burst", int),
     Var("REFUSALS_PER_MINUTE", "refusals_per_minute", float),

@@ -69,7 +69,7 @@ class Gateway:
     streams: StreamSlots = field(init=False)  # open replies and resumes per user on this gateway
 
     def __post_init__(self) -> None:
-        self.streams = StreamSlots(self.settings.max_streams_per_user)
+        self.streams = StreamSlots(self.settings.max_streams_per_user, self.settings.max_streams_per_gateway)
 
     async def start(self) -> None:
         self.cursors = Cursors(cursor_key(self.settings))

@@ -1,4 +1,5 @@
-"""Open streams per user on one gateway: a cap, and a 429 with Retry-After past it.
+"""Open streams on one gateway: a cap per user (a 429 with Retry-After past it) and one for the gateway (a 503
+with Retry-After past it: another gateway behind the load balancer, or this one a moment later, has room).
 
 Every reply stream (a send, a regenerate, an OpenAI call waiting for or streaming its reply) and every
 resume (``Last-Event-ID``, ``starting_after``) holds a connection and a reader of ``chat.tokens`` for as long
@@ -21,20 +22,27 @@ RETRY_AFTER_S = 5.0
 
 
 class StreamSlots:
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
+    def __init__(self, cap: int, gateway_cap: int = 0) -> None:
+        """``cap``: streams one user may hold open; ``gateway_cap``: streams of all users (0: no limit)."""
+        self.cap, self.gateway_cap = cap, gateway_cap
         self.open: Counter[str] = Counter()
+        self.total = 0
 
     def take(self, user_id: str) -> Slot:
         if self.open[user_id] >= self.cap:
             raise ApiError(429, "too_many_streams", f"You have {self.open[user_id]} replies or resumes open on "
                                                     f"this server; the limit is {self.cap}. Close one (or let it "
                                                     f"finish) and try again.", retry_after=RETRY_AFTER_S)
+        if self.gateway_cap and self.total >= self.gateway_cap:
+            raise ApiError(503, "server_full", f"This server holds {self.total} open replies and resumes, as many "
+                                               "as it takes. Try again in a few seconds.", retry_after=RETRY_AFTER_S)
         self.open[user_id] += 1
+        self.total += 1
         return Slot(self, user_id)
 
     def give_back(self, user_id: str) -> None:
         self.open[user_id] -= 1
+        self.total -= 1
         if self.open[user_id] <= 0:
             del self.open[user_id]
 

@@ -26,6 +26,22 @@ def test_past_the_cap_is_a_429_with_retry_after_and_other_users_are_unaffected()
     assert slots.open == {"ann": 2, "bob": 1}
 
 
+def test_past_the_gateways_cap_is_a_503_with_retry_after_for_anyone() -> None:
+    slots = StreamSlots(2, gateway_cap=3)
+    held = [slots.take("ann"), slots.take("ann"), slots.take("bob")]
+    with pytest.raises(ApiError) as caught:
+        slots.take("cat")  # under her own cap, over the gateway's
+    err = caught.value
+    assert err.status == 503 and err.code == "server_full" and err.headers()["Retry-After"] == "5"
+    with pytest.raises(ApiError) as caught:
+        slots.take("ann")  # her own cap first: that one she can do something about
+    assert caught.value.status == 429
+    held[0].release()
+    slots.take("cat")
+    assert slots.total == 3 and slots.open == {"ann": 1, "bob": 1, "cat": 1}
+    assert StreamSlots(1).gateway_cap == 0  # no gateway cap unless configured
+
+
 async def _send_through(response: object, fail: bool = False) -> None:
     async def receive() -> dict[str, object]:
         await asyncio.sleep(10)
