@@ -254,6 +254,7 @@ async def test_a_queued_wait_counts_down_and_takes_a_revised_estimate(open_page:
     await send(page, "Hi")
     await until(page, f"({notice}).includes('number 3 in line, about 6 s')", 10)
     await until(page, f"/about [45] s/.test({notice})", 5)  # counted down between estimates
+    await shot(page, "14b-queued-counting-down")
     await until(page, f"({notice}).includes('next in line, about 30 s')", 10)
     await wait_done(page)
     assert await reply_text(page) == "Done." and await page.locator(f"{REPLY} .notice").is_hidden()
