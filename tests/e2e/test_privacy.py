@@ -6,6 +6,7 @@ instructions are sealed, reach new conversations' prompts and go with their dele
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
 import uuid
@@ -387,7 +388,8 @@ async def test_a_phrase_sent_by_every_route_is_sealed_in_every_store(
         sealer: Sealer) -> None:
     secret, control = phrase(), phrase()
     # 1. Every route that stores text the user wrote: a title on create, a message (and its retry id), a rename,
-    # the Responses API's instructions, input and metadata, and an OpenAI chat request.
+    # the Responses API's instructions, input and metadata, an OpenAI chat request, and one with a tool (its
+    # definition, a call's arguments and the tool's result).
     r = await http.post("/v1/conversations", headers=alice.headers, json={"title": f"Trip {secret}"})
     assert r.status_code == 201, r.text
     titled = r.json()["conversation_id"]
@@ -406,10 +408,21 @@ async def test_a_phrase_sent_by_every_route_is_sealed_in_every_store(
                                                         {"role": "user", "content": f"Hello {secret}"}]})
     assert r.status_code == 200, r.text
     completed = r.headers["X-Conversation-Id"]
+    # Tools: the phrase in a tool's description and parameters, in a call's arguments and in the tool's result
+    tool = {"type": "function", "function": {"name": "look_up", "description": f"Finds {secret}.", "parameters": {
+        "type": "object", "properties": {"what": {"type": "string", "description": f"a {secret}"}}}}}
+    r = await http.post("/v1/chat/completions", headers=alice.headers, json={
+        "model": "large", "max_tokens": 8, "tools": [tool], "tool_choice": "none", "messages": [
+            {"role": "user", "content": "Look it up."},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "look_up", "arguments": json.dumps({"what": secret})}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": f"Found {secret}."}]})
+    assert r.status_code == 200, r.text
+    tooled = r.headers["X-Conversation-Id"]
     r = await http.patch("/v1/account", headers=alice.headers, json={"instructions": f"Call me {secret}."})
     assert r.status_code == 200, r.text
     instructed = await new_conversation(http, alice)  # its own copy of the instructions
-    ours = {titled, cid, responded, completed, instructed}
+    ours = {titled, cid, responded, completed, tooled, instructed}
     await asyncio.sleep(3)  # persistence, the index and the title
     # Each was stored and reads back in clear to its owner: the phrase is there, only sealed.
     again = (await http.get(f"/v1/responses/{response_id}", headers=alice.headers)).json()
@@ -463,7 +476,7 @@ async def test_a_phrase_sent_by_every_route_is_sealed_in_every_store(
         if getattr(event, "conversation_id", None) in ours:
             events.append(await sealer.open(event))  # type: ignore[type-var]
     holding = {e.conversation_id for e in events if secret in repr(e)}  # type: ignore[attr-defined]
-    assert holding >= {cid, responded, completed}, holding
+    assert holding >= {cid, responded, completed, tooled}, holding  # the tool's phrase went, sealed
 
 
 async def test_no_sent_phrase_is_in_clear_in_any_file_or_log(service: Service, http: httpx.AsyncClient,
