@@ -226,9 +226,11 @@ async def test_rename_and_delete_every_conversation_of_an_account(http: httpx.As
 
 
 async def prompt_tokens(http: httpx.AsyncClient, who: Caller, cid: str) -> int:
-    """The prompt tokens of the conversation's first reply, as its worker counted them, once it is saved."""
+    """The prompt tokens of the conversation's first reply, as its worker counted them, once it is saved (ended
+    or cut at its length cap: the model may run on, and the prompt is counted the same)."""
     async def saved() -> int | None:
-        replies = [m for m in await history(http, who, cid) if m["role"] == "assistant" and m["status"] == "complete"]
+        replies = [m for m in await history(http, who, cid)
+                   if m["role"] == "assistant" and m["status"] in ("complete", "length")]
         return replies[0]["usage"]["in"] if replies and replies[0]["usage"]["in"] else None
     tokens = await eventually(saved, 60)
     assert tokens, cid
