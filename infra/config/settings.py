@@ -124,7 +124,7 @@ class Settings:
     refusals_per_minute: float = 120.0
     # A request from a caller whose bucket is empty is held this long at most (no CPU: a timer) before it is
     # heard (the bucket refilled meanwhile) or answered 429; a caller looping on refusals gets one answer per
-    # connection per hold, not thousands a second. At most REFUSAL_HOLD_PER_CALLER held at once per caller
+    # connection per hold, not thousands a second. At most guard.HOLD_PER_CALLER held at once per caller
     refusal_hold_s: float = 1.0
     # Gateway i of N tails the partitions p of chat.tokens with p % N == i, and mints the generation ids of
     # the messages it accepts so their token records land there; another gateway's streams it follows through

@@ -115,7 +115,7 @@ class Guard:
         caller, length = caller_of(scope["headers"])
         budgeted = caller if self.budget.enabled else None  # the caller whose refusals are counted
         wait, taken = await self._held_for(budgeted) if budgeted is not None else (0.0, False)
-        if budgeted is not None and wait > 0:
+        if wait > 0:
             GUARD_REFUSALS.labels("refusal_budget").inc()
             await _answer(scope, receive, send, ApiError(
                 429, "too_many_refused", f"Too many of your requests were refused lately: after {self.budget.burst} "
