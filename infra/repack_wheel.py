@@ -80,7 +80,7 @@ def repack(wheel: Path, outdir: Path, label: str, drop: Sequence[str], replace: 
         return target
     outdir.mkdir(parents=True, exist_ok=True)
     old_info, new_info = f"{name}-{version}.dist-info/", f"{name}-{labelled}.dist-info/"
-    partial = target.with_suffix(".whl.part")
+    partial = target.with_name(f".{target.name}.{os.getpid()}.part")  # two installs at once write apart
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as dst:
         records: list[tuple[str, str, str]] = []
         for info in src.infolist():

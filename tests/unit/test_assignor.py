@@ -1,0 +1,101 @@
+"""The generation workers' assignor: an even share, and no partition moves between two workers that both stay."""
+from __future__ import annotations
+
+import random
+import uuid
+
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from aiokafka.structs import TopicPartition
+
+from consumers.generation.assignor import StickyAssignor, share
+
+TOPICS = ("generate.large.paid", "generate.large.free")
+
+
+def _members(n: int, rng: random.Random) -> list[str]:
+    return [f"worker-{uuid.UUID(int=rng.getrandbits(128))}" for _ in range(n)]
+
+
+def _deal(members: list[str], partitions: int, held: dict[str, list[int]] | None = None) -> dict[str, list[int]]:
+    claims = {m: (held or {}).get(m, []) for m in members}
+    return share(TOPICS[0], range(partitions), claims)
+
+
+def _even(dealt: dict[str, list[int]], partitions: int) -> None:
+    counts = [len(ps) for ps in dealt.values()]
+    assert sorted(p for ps in dealt.values() for p in ps) == list(range(partitions))  # each exactly once
+    assert max(counts) - min(counts) <= 1
+
+
+def test_a_fresh_group_gets_an_even_deal_that_depends_only_on_who_is_in_it() -> None:
+    rng = random.Random(1)
+    for n, partitions in ((1, 4), (2, 4), (3, 4), (4, 4), (6, 4), (3, 16)):
+        members = _members(n, rng)
+        dealt = _deal(members, partitions)
+        _even(dealt, partitions)
+        assert _deal(list(reversed(members)), partitions) == dealt
+
+
+def test_a_worker_joining_takes_only_its_share_and_nothing_moves_between_the_others() -> None:
+    rng = random.Random(2)
+    for _ in range(400):
+        partitions, n = rng.choice((4, 8, 16)), rng.randint(1, 6)
+        members = _members(n, rng)
+        before = _deal(members, partitions)
+        joiner = _members(1, rng)[0]
+        after = _deal([*members, joiner], partitions, before)
+        _even(after, partitions)
+        for m in members:
+            assert set(after[m]) <= set(before[m]), (partitions, n, before, after)
+        assert len(after[joiner]) >= partitions // (n + 1)
+
+
+def test_a_worker_leaving_moves_only_its_own_partitions() -> None:
+    rng = random.Random(3)
+    for _ in range(400):
+        partitions, n = rng.choice((4, 8, 16)), rng.randint(2, 6)
+        members = _members(n, rng)
+        before = _deal(members, partitions)
+        leaver = rng.choice(members)
+        stay = [m for m in members if m != leaver]
+        after = _deal(stay, partitions, before)
+        _even(after, partitions)
+        for m in stay:
+            assert set(before[m]) <= set(after[m]), (partitions, n, before, after)
+
+
+def test_claims_that_clash_or_name_no_partition_still_give_each_partition_once() -> None:
+    dealt = share(TOPICS[0], range(4), {"a": [0, 1, 2, 3, 9], "b": [0, 1], "c": [7]})
+    _even(dealt, 4)
+
+
+class _Cluster(ClusterMetadata):
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return set(range(4)) if topic in TOPICS else None
+
+
+def test_through_aiokafkas_protocol_each_consumer_claims_what_it_was_given() -> None:
+    a, b, c = StickyAssignor(), StickyAssignor(), StickyAssignor()
+    cluster = _Cluster()
+    first = a.assign(cluster, {"m-a": a.metadata(TOPICS), "m-b": b.metadata(TOPICS)})
+    a.on_assignment(first["m-a"])
+    b.on_assignment(first["m-b"])
+    assert {tp for m in first.values() for tp in m.partitions()} == {TopicPartition(t, p) for t in TOPICS
+                                                                     for p in range(4)}
+    second = b.assign(cluster, {"m-a": a.metadata(TOPICS), "m-b": b.metadata(TOPICS), "m-c": c.metadata(TOPICS)})
+    for member, old in (("m-a", first["m-a"]), ("m-b", first["m-b"])):
+        assert set(second[member].partitions()) <= set(old.partitions())
+    assert len(second["m-c"].partitions()) >= 2  # one of each lane at least
+    assert isinstance(second["m-c"], ConsumerProtocolMemberAssignment)
+    c.on_assignment(second["m-c"])
+    assert c.held == {t: ps for t, ps in second["m-c"].assignment}
+
+
+def test_garbage_user_data_is_an_empty_claim() -> None:
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+
+    dealt = StickyAssignor().assign(_Cluster(), {
+        "x": ConsumerProtocolMemberMetadata(0, list(TOPICS), b"not json"),
+        "y": ConsumerProtocolMemberMetadata(0, list(TOPICS), b"[1, 2]")})
+    assert sum(len(a.partitions()) for a in dealt.values()) == 8
