@@ -99,3 +99,19 @@ def test_garbage_user_data_is_an_empty_claim() -> None:
         "x": ConsumerProtocolMemberMetadata(0, list(TOPICS), b"not json"),
         "y": ConsumerProtocolMemberMetadata(0, list(TOPICS), b"[1, 2]")})
     assert sum(len(a.partitions()) for a in dealt.values()) == 8
+
+
+def test_round_robin_before_it_moved_partitions_between_workers_that_stayed() -> None:
+    # The baseline the docs quote: aiokafka's round-robin over the same join, 2 workers -> 3, two lanes of 4.
+    from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+
+    rng, cluster, moved = random.Random(4), _Cluster(), []
+    for _ in range(200):
+        members = _members(3, rng)
+        meta = {m: ConsumerProtocolMemberMetadata(0, list(TOPICS), b"") for m in members}
+        before = RoundRobinPartitionAssignor.assign(cluster, {m: meta[m] for m in members[:2]})
+        after = RoundRobinPartitionAssignor.assign(cluster, meta)
+        owner = {tp: m for m, a in after.items() for tp in a.partitions()}
+        moved.append(sum(owner[tp] not in (m, members[2]) for m in members[:2] for tp in before[m].partitions()))
+    assert min(moved) >= 2 and max(moved) <= 3  # of 8, every time; the sticky assignor: none
