@@ -18,7 +18,6 @@ in ``<state>/keys/master.key``, made on first use, readable by its owner only.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -31,6 +30,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from infra.stores.following import FollowedCache
 from infra.stores.session import AsyncSession
 from schemas.errors import ParleyError
 
@@ -121,10 +121,9 @@ def _read_or_create(path: Path) -> bytes:
 log = logging.getLogger(__name__)
 KEYS_DESTROYED = "parley:keys:destroyed"  # pub/sub channel: the id of each conversation whose data key is destroyed
 LIVE_CACHE_S = 300.0  # how long a key stays cached while destructions can be heard
-RESUBSCRIBE_S = 1.0
 
 
-class DataKeys:
+class DataKeys(FollowedCache):
     """Per-conversation data keys: made once, wrapped in Cassandra, cached unwrapped per process.
 
     Without Redis a process keeps a key ``cache_s``. Given Redis, it follows ``KEYS_DESTROYED``: a destruction
@@ -134,14 +133,15 @@ class DataKeys:
     ``cache_s`` too. The purge's delay stays longer than ``cache_s``: the bound when nothing is heard.
     """
 
+    channel = KEYS_DESTROYED
+    lost_note = "keys kept only cache_s until it is back"
+
     def __init__(self, db: AsyncSession, tenants: TenantKeys, cache_s: float = 10.0, redis: Any = None,
                  live_cache_s: float = LIVE_CACHE_S) -> None:
-        self.db, self.tenants, self.cache_s, self.redis, self.live_cache_s = db, tenants, cache_s, redis, live_cache_s
+        super().__init__(redis)
+        self.db, self.tenants, self.cache_s, self.live_cache_s = db, tenants, cache_s, live_cache_s
         self._cache: dict[str, tuple[float, AESGCM]] = {}
         self._loading: dict[str, asyncio.Future[AESGCM | None]] = {}
-        self.subscribed = False
-        self.heard = 0  # destructions heard and subscription losses: a load spanning one is kept cache_s
-        self._task: asyncio.Task[None] | None = None
         # Told of each forgotten key (its conversation id; None: all of them), to drop what they derived from it.
         self.listeners: list[Callable[[str | None], None]] = []
 
@@ -229,40 +229,3 @@ class DataKeys:
         self._cache.clear()
         for listener in self.listeners:
             listener(None)
-
-    def start(self) -> None:
-        """Follow the destruction channel (once; called by the first use, or earlier by a process's start)."""
-        if self.redis is not None and self._task is None:
-            self._task = asyncio.ensure_future(self._follow())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _follow(self) -> None:
-        while True:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(KEYS_DESTROYED)
-                async for message in pubsub.listen():
-                    self.heard_message(message)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - lost: keep nothing long until it is back
-                log.warning("key destruction channel lost (%s); keys kept %.0f s until it is back",
-                            type(exc).__name__, self.cache_s)
-            finally:
-                self.subscribed = False
-                self.forget_all()
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-            await asyncio.sleep(RESUBSCRIBE_S)
-
-    def heard_message(self, message: dict[str, Any]) -> None:
-        if message.get("type") == "subscribe":
-            self.subscribed = True
-        elif message.get("type") == "message":
-            data = message.get("data")
-            self.forget(data.decode() if isinstance(data, bytes) else str(data))

@@ -15,29 +15,29 @@ connection per gateway, one message per revocation.
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from infra.stores import keys
 from infra.stores.accounts import Accounts, User, announce_revoked, hash_token
+from infra.stores.following import FollowedCache
 
 log = logging.getLogger(__name__)
 CACHE_S = 60.0
-RESUBSCRIBE_S = 1.0
 
 
-class TokenCache:
+class TokenCache(FollowedCache):
+    """Bearer tokens looked up, cached only while revocations can be heard (``keys.tokens_revoked()``); a
+    lookup spanning a revocation or a loss of the channel is not cached."""
+
+    channel = keys.tokens_revoked()
+    lost_note = "caching no token until it is back"
+
     def __init__(self, accounts: Accounts, redis: Any, cache_s: float = CACHE_S) -> None:
-        self.accounts, self.redis, self.cache_s = accounts, redis, cache_s
-        self.subscribed = False  # caching only while revocations can be heard
-        self.heard = 0  # revocations heard (and subscription losses): a lookup spanning one is not cached
+        super().__init__(redis)
+        self.accounts, self.cache_s = accounts, cache_s
         self._cache: dict[str, tuple[float, User]] = {}
-        self._task: asyncio.Task[None] | None = None
 
     async def user(self, token: str) -> User | None:
         token_hash = hash_token(token)
@@ -56,7 +56,7 @@ class TokenCache:
             self._cache[token_hash] = (until, bearer.user)
         return bearer.user
 
-    def drop(self, token_hash: str) -> None:
+    def forget(self, token_hash: str) -> None:
         self.heard += 1
         self._cache.pop(token_hash, None)
 
@@ -69,42 +69,6 @@ class TokenCache:
         token_hash = await self.accounts.revoke(user_id, token_id)
         if token_hash is None:
             return False
-        self.drop(token_hash)
+        self.forget(token_hash)
         await announce_revoked(self.redis, token_hash)
         return True
-
-    # -- the subscription --------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._listen())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _listen(self) -> None:
-        while True:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(keys.tokens_revoked())
-                async for message in pubsub.listen():
-                    self.heard_message(message)
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError) as exc:  # the subscription is lost: stop caching, try again
-                log.warning("token revocation channel lost (%s); caching no token until it is back",
-                            type(exc).__name__)
-            finally:
-                self.subscribed = False
-                self.forget_all()
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-            await asyncio.sleep(RESUBSCRIBE_S)
-
-    def heard_message(self, message: dict[str, Any]) -> None:
-        if message.get("type") == "subscribe":
-            self.subscribed = True
-        elif message.get("type") == "message":
-            data = message.get("data")
-            self.drop(data.decode() if isinstance(data, bytes) else str(data))
