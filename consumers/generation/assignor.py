@@ -17,9 +17,13 @@ process never share that state). The leader then, per topic:
    highest (rendezvous hashing: a fresh group's deal depends only on the member ids, not on their order).
 
 So a worker joining takes only its share, from those over theirs, and a worker leaving moves only its own
-partitions: no partition moves between two workers that both stay. Kafka's rebalance is still eager (aiokafka
-has no cooperative protocol): every partition is revoked and assigned again, so replies in flight restart once
-(``rebalance.py``), but on the worker that held them, with their prompts in its cache.
+partitions: no partition moves between two workers that both stay. A worker also offers round-robin, second
+(``strategies``): Kafka picks a protocol every member offers, so a fleet of workers that offer only round-robin
+can be upgraded one at a time, and once none is left the group turns sticky at its next rebalance.
+
+Kafka's rebalance is still eager (aiokafka has no cooperative protocol): every partition is revoked and assigned
+again, so replies in flight restart once (``rebalance.py``), but on the worker that held them, with their
+prompts in its cache.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 
 log = logging.getLogger(__name__)
@@ -115,3 +120,8 @@ class StickyAssignor:
                     assignment[member].append((topic, parts))
         return {member: ConsumerProtocolMemberAssignment(self.version, sorted(parts), b"")
                 for member, parts in assignment.items()}
+
+
+def strategies() -> tuple[object, ...]:
+    """A generation worker's ``partition_assignment_strategy``: its own sticky assignor, then round-robin."""
+    return (StickyAssignor(), RoundRobinPartitionAssignor)

@@ -29,9 +29,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
+from consumers.generation import assignor
 from consumers.generation.announce import Announcer
 from consumers.generation.appending import Appender
-from consumers.generation.assignor import StickyAssignor
 from consumers.generation.coalescing import FlushPolicy
 from consumers.generation.decisions import (
     STALE_REQUEST_S,
@@ -136,7 +136,7 @@ class GenerationWorker:
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
             session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS,
-            partition_assignment_strategy=(StickyAssignor(),))  # partitions stay put (assignor.py)
+            partition_assignment_strategy=assignor.strategies())  # partitions stay put (assignor.py)
         self.redis = aioredis.Redis.from_url(settings.redis_url)
         self.finished = FinishedReplies(self.redis)
         self.quota = Quota.configured(self.redis, plans or load_plans(settings.plans_file), settings)
