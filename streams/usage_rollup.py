@@ -1,11 +1,12 @@
-"""Usage rollup (faust app ``usage-rollup``): ``UsageRecorded`` on ``usage`` ->
-``usage_by_day`` in Cassandra, and a per-plan-per-minute table for analysts.
+"""Usage rollup (faust app ``usage-rollup``): ``UsageRecorded`` on ``usage`` -> each user's day in
+Cassandra, and a per-plan-per-minute table for analysts.
 Settlement may publish one generation's record twice (a crash between Kafka's ack
 and the outbox flag), and a crashed rollup is handed records again. So the day's
 totals live in Cassandra, not in this process: each record writes its generation's
 row in the ``usage_by_generation`` ledger and the day's new totals in one conditional
 batch on the ledger's partition (``Records.count_usage``: O(1) statements, a second
-write of it does not apply), then ``usage_by_day`` is rewritten from those totals. Nothing
+write of it does not apply). Those totals are the day's figures (``Records.usage_day``; ``usage_by_day``
+is read only for days counted before the totals existed). Nothing
 the rollup held in memory decides a total: an in-memory faust table, restored from
 its changelog after a SIGKILL while records were already being handled, once lost a
 reply from a day's row for good.
