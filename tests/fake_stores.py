@@ -144,6 +144,10 @@ class FakeConversations:
     async def save_message(self, message: Message) -> None:
         self.messages[(message.conversation_id, message.turn, message.message_id)] = message
 
+    async def save_messages(self, messages: list[Message]) -> None:
+        for message in messages:
+            await self.save_message(message)
+
     async def get_message(self, conversation_id: str, turn: int, message_id: str) -> Message | None:
         return self.messages.get((conversation_id, turn, message_id))
 

@@ -237,11 +237,12 @@ class PromptBuilder:
 
     def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
                 prompt_tokens: int) -> list[Awaitable[Any]]:
-        writes: list[Awaitable[Any]] = []
-        if req.plan not in self.keep_nothing and not req.fresh_conversation:
-            writes.append(self._save_placeholder(req, turn, user_message.message_id, history))
+        rows: list[Message] = []  # one statement: the user message and the placeholder share a partition
         if not req.regenerate and req.plan not in self.keep_nothing:
-            writes.append(self.conversations.save_message(user_message))
+            rows.append(user_message)
+        if req.plan not in self.keep_nothing and not req.fresh_conversation:
+            rows += self._placeholder(req, turn, user_message.message_id, history)
+        writes: list[Awaitable[Any]] = [self.conversations.save_messages(rows)] if rows else []
         if self.quota is not None:
             writes.append(self.quota.true_up(req.generation_id, prompt_tokens))  # estimate -> real prompt size
         return writes
@@ -251,16 +252,15 @@ class PromptBuilder:
         await asyncio.gather(self.conversations.delete_message(req.conversation_id, turn, req.generation_id),
                              self.conversations.delete_message(req.conversation_id, turn, user_message.message_id))
 
-    async def _save_placeholder(self, req: RequestAdmitted, turn: int, user_message_id: str,
-                                history: list[Message]) -> None:
+    @staticmethod
+    def _placeholder(req: RequestAdmitted, turn: int, user_message_id: str, history: list[Message]) -> list[Message]:
         """An assistant row marked ``generating``: a reopened conversation can attach to the live reply."""
         existing = next((m for m in history if m.message_id == req.generation_id), None)
         if existing is not None and existing.status != "generating":
-            return  # already finished (this record is a redelivery): never overwrite the saved reply
-        await self.conversations.save_message(Message(
-            req.conversation_id, turn, req.generation_id, "assistant", "", status="generating", pool=req.pool,
-            parent_id=user_message_id, generation_id=req.generation_id, route_reason=req.route_reason,
-            created_at=datetime.now(UTC)))
+            return []  # already finished (this record is a redelivery): never overwrite the saved reply
+        return [Message(req.conversation_id, turn, req.generation_id, "assistant", "", status="generating",
+                        pool=req.pool, parent_id=user_message_id, generation_id=req.generation_id,
+                        route_reason=req.route_reason, created_at=datetime.now(UTC))]
 
     async def _too_long(self, req: RequestAdmitted, too_long: TooLong) -> list[Out]:
         return await self._refused(req, 413, "too_long", (

@@ -65,6 +65,8 @@ class ClientMessageClaim:
 
 
 MESSAGE_COLUMNS = [f.name for f in fields(Message)]
+_INSERT_MESSAGE = (f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) "
+                   f"VALUES ({', '.join('?' for _ in MESSAGE_COLUMNS)})")
 
 
 def _utc(ts: datetime) -> datetime:
@@ -232,12 +234,20 @@ class Conversations:
         return len(rows)
 
     async def save_message(self, message: Message) -> None:
-        message = dataclasses.replace(message, content=await self._seal(message.conversation_id, message.content)
-                                      or "")
-        placeholders = ", ".join("?" for _ in MESSAGE_COLUMNS)
-        await self.db.execute(
-            f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES ({placeholders})",
-            tuple(getattr(message, c) for c in MESSAGE_COLUMNS))
+        await self.save_messages([message])
+
+    async def save_messages(self, messages: list[Message]) -> None:
+        """Messages of one conversation in one statement: a user message and its reply's placeholder share the
+        conversation's partition, so they are one unlogged batch (one mutation: both rows or neither)."""
+        if len({m.conversation_id for m in messages}) > 1:
+            raise ValueError("save_messages: one conversation's messages only (one partition)")
+        sealed = [dataclasses.replace(m, content=await self._seal(m.conversation_id, m.content) or "")
+                  for m in messages]
+        statements = [(_INSERT_MESSAGE, tuple(getattr(m, c) for c in MESSAGE_COLUMNS)) for m in sealed]
+        if len(statements) == 1:
+            await self.db.execute(*statements[0])
+        elif statements:
+            await self.db.together(statements)
 
     async def delete_message(self, conversation_id: str, turn: int, message_id: str) -> None:
         await self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND turn = ? AND message_id = ?",

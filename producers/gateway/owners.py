@@ -33,11 +33,17 @@ class Owners:
         if conv is None:
             self._owners.pop(conversation_id, None)
             return None
+        self.made(conversation_id, conv.user_id, heard)
+        return conv.user_id
+
+    def made(self, conversation_id: str, user_id: str, heard: int) -> None:
+        """Remember an owner read (or a conversation made) while ``heard`` was current, if no destruction or
+        loss of the channel came since: a conversation's first message on the gateway that made it reads
+        nothing."""
         if self.keys.live(heard):
             if len(self._owners) >= MOST:
                 self._owners.pop(next(iter(self._owners)))
-            self._owners[conversation_id] = (time.monotonic() + self.keep_s, conv.user_id)
-        return conv.user_id
+            self._owners[conversation_id] = (time.monotonic() + self.keep_s, user_id)
 
     def _forget(self, conversation_id: str | None) -> None:
         if conversation_id is None:

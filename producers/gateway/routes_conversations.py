@@ -49,8 +49,10 @@ async def create_conversation(request: Request, body: NewConversation | None = N
     title = clean_title(body.title) if body and body.title is not None and keep else None
     # An untitled conversation enters the list with its first reply: a send refused before any reply
     # leaves no "New conversation" behind. One the client named is listed at once.
+    heard = gw.conversation_owners.keys.heard
     conv = await gw.conversations.create(user.user_id, model=body.model if body else None, title=title,
                                          listed=keep and title is not None)
+    gw.conversation_owners.made(conv.conversation_id, user.user_id, heard)  # its first message reads no owner
     if keep:  # the account's custom instructions, copied into the conversation for its prompts (preferences.py)
         told = (await gw.preferences.get(user.user_id)).instructions
         if told:

@@ -50,3 +50,19 @@ async def test_nothing_is_kept_while_deletions_cannot_be_heard(tmp_path: Path) -
         assert await owners.owner("c1") == "ann"
     assert convs.reads == 3
     assert await owners.owner("missing") is None
+
+
+async def test_a_conversation_made_here_is_owned_without_a_read_unless_a_destruction_came_between(
+        tmp_path: Path) -> None:
+    redis = Channel()
+    convs = CountingConversations(conversation("c1", "ann"), conversation("c2", "bob"))
+    keys = DataKeys(KeyTable(), LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
+    owners = Owners(convs, keys)  # type: ignore[arg-type]
+    await _follow(keys)
+    owners.made("c1", "ann", keys.heard)
+    assert await owners.owner("c1") == "ann" and convs.reads == 0
+    heard = keys.heard
+    keys.forget("other")  # a destruction heard while c2 was being made: its owner is read, not assumed
+    owners.made("c2", "bob", heard)
+    assert await owners.owner("c2") == "bob" and convs.reads == 1
+    await keys.stop()
