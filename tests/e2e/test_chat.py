@@ -153,8 +153,10 @@ async def test_regenerate_makes_a_sibling_and_model_switch_names_the_pool(http: 
 async def test_reply_with_no_reader_is_cancelled(service: Service, http: httpx.AsyncClient, alice: Caller) -> None:
     cid = await new_conversation(http, alice)
     async with http.stream("POST", f"/v1/conversations/{cid}/messages", headers=alice.headers,
-                           json={"content": "Count from 1 to 500, separated by commas.",
-                                 "ignore_eos": True}) as r:  # runs to the cap (sampled, it once ended in 2 s)
+                           json={"content": "Count from 1 to 500, separated by commas.", "ignore_eos": True,
+                                 # Runs to the cap (sampled, it once ended in 2 s), greedy: a sampled count once
+                                 # wandered into text the output check blocked before the detector cancelled it.
+                                 "temperature": 0}) as r:
         async for f in frames(r):
             if f.event == "message_start":
                 gid = f.data["generation_id"]
