@@ -26,8 +26,8 @@ from producers.loadgen.statements import StatementCounter, difference
 pytestmark = pytest.mark.integration
 
 # Budgets (docs/performance.md, "Cassandra statements per request"): the targets are 8 and 6.
-PER_CHAT_MESSAGE = 23  # the first of a conversation: its title is asked for, saved and indexed too (21)
-PER_FOLLOW_UP = 14  # 12: the data key and the owner are read once per process while deletions can be heard
+PER_CHAT_MESSAGE = 21  # the first of a conversation: its title is asked for, saved and indexed too (19)
+PER_FOLLOW_UP = 13  # 11: the data key and the owner are read once per process while deletions can be heard
 PER_OPENAI_REQUEST = 13  # 12: no history read, no placeholder (the conversation is made for the call)
 # Kafka records a request writes besides its token records (docs/performance.md, "Kafka records per request").
 # Each: chat.requests, .admitted, .prompts, generate.<pool>.<lane>, chat.replies, usage, and the plan-minute
