@@ -6,6 +6,7 @@ Summed over one keyspace, read before and after the run; a private keyspace make
 from __future__ import annotations
 
 import asyncio
+import time
 
 from infra.config.settings import Settings
 
@@ -19,6 +20,18 @@ class StatementCounter:
     async def count(self) -> dict[str, int]:
         """{"read|write|scan table": statements so far} in this keyspace; empty when the views cannot be read."""
         return await asyncio.to_thread(self._count)
+
+    async def quiet(self, still_s: float = 4.0, timeout: float = 90.0) -> dict[str, int]:
+        """The counters once none has moved for ``still_s`` (the pipeline is done); TimeoutError past ``timeout``."""
+        last, still_since, deadline = await self.count(), time.monotonic(), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            now = await self.count()
+            if now != last:
+                last, still_since = now, time.monotonic()
+            elif time.monotonic() - still_since >= still_s:
+                return now
+        raise TimeoutError(f"Cassandra counters still moving after {timeout:.0f} s")
 
     def _count(self) -> dict[str, int]:
         from cassandra import DriverException

@@ -103,8 +103,8 @@ def inner_hops(events: dict[str, list[tuple[float, int, Any]]]) -> dict[str, Any
     for records in events.values():
         first: dict[str, tuple[float, Any]] = {}
         for arrived, _, e in records:
-            if isinstance(e, TokensAppended) and not e.text:
-                continue
+            if isinstance(e, TokensAppended) and not (e.text or e.sealed):
+                continue  # a record with no text (its text, ids and logprobs are sealed together in ``sealed``)
             first.setdefault(type(e).__name__, (arrived, e))
         need = ("MessageSubmitted", "RequestAdmitted", "PromptBuilt", "GenerationRequested", "GenerationStarted",
                 "TokensAppended", "GenerationFinished")
@@ -219,7 +219,9 @@ async def main(ns: argparse.Namespace) -> None:
     from infra.config.settings import Settings
     from infra.local.model import ready_pool
 
-    env = dict(POOL_ENV, PARLEY_PLANS_FILE=str(common.plans_file(ns.output_len)))
+    # One benchmark user runs every stream: its per-gateway stream cap (8 by default) must not refuse them.
+    env = dict(POOL_ENV, PARLEY_PLANS_FILE=str(common.plans_file(ns.output_len)),
+               PARLEY_MAX_STREAMS_PER_USER=str(2 * max(ns.levels)))
     os.environ.update(env)  # both sides read the same pool settings
     pool = ready_pool("large", Settings.from_env())
     common.header("bench_peer: vllm bench serve (random dataset) against Parley and against vLLM alone",

@@ -3,9 +3,6 @@ and counters as ``test_statement_counts.py``): making a share link, reading it w
 a conversation each stay within a small bound, whatever the conversation's length."""
 from __future__ import annotations
 
-import asyncio
-import time
-
 import httpx
 import pytest
 
@@ -21,22 +18,10 @@ EXPORT = 3  # the conversation's row, one page of its messages (measured 2)
 QUIET_S = 4.0  # the pipeline is done when no counter has moved for this long
 
 
-async def _quiet(counter: StatementCounter, timeout: float = 90.0) -> dict[str, int]:
-    last, still_since, deadline = await counter.count(), time.monotonic(), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-        now = await counter.count()
-        if now != last:
-            last, still_since = now, time.monotonic()
-        elif time.monotonic() - still_since >= QUIET_S:
-            return now
-    raise TimeoutError(f"Cassandra counters still moving after {timeout:.0f} s")
-
-
 async def _cost(counter: StatementCounter, send) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    before = await _quiet(counter)
+    before = await counter.quiet(QUIET_S)
     await send()
-    spent = difference(before, await _quiet(counter))
+    spent = difference(before, await counter.quiet(QUIET_S))
     print(f"\n{send.__name__}: {sum(spent.values())} statements")
     for key in sorted(spent):
         print(f"  {key:45} {spent[key]}")

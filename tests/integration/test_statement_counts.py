@@ -11,8 +11,6 @@ so they are bounded per token, the rest exactly.
 """
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -74,25 +72,12 @@ async def _user(settings: Settings) -> str:
     return token
 
 
-async def _quiet(counter: StatementCounter, timeout: float = 90.0) -> dict[str, int]:
-    """The counters once they have stood still for ``QUIET_S``."""
-    last, still_since, deadline = await counter.count(), time.monotonic(), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-        now = await counter.count()
-        if now != last:
-            last, still_since = now, time.monotonic()
-        elif time.monotonic() - still_since >= QUIET_S:
-            return now
-    raise TimeoutError(f"Cassandra counters still moving after {timeout:.0f} s")
-
-
 async def _cost(counter: StatementCounter, settings: Settings, send) -> tuple[dict[str, int], dict[str, int]]:  # type: ignore[no-untyped-def]
     """(Cassandra statements per table, Kafka records per topic) that ``send`` cost."""
-    before = await _quiet(counter)
+    before = await counter.quiet(QUIET_S)
     offsets = await prefixed_end_offsets(settings.kafka_bootstrap, settings.topic_prefix)
     await send()
-    spent = difference(before, await _quiet(counter))
+    spent = difference(before, await counter.quiet(QUIET_S))
     after = await prefixed_end_offsets(settings.kafka_bootstrap, settings.topic_prefix)
     records = {t.removeprefix(settings.topic_prefix): n - offsets.get(t, 0) for t, n in after.items()
                if n != offsets.get(t, 0)}
