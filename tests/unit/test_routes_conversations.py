@@ -54,10 +54,27 @@ class Saved:
 
 
 @dataclass
+class Keys:
+    heard: int = 0
+
+
+@dataclass
+class Owners:
+    """The gateway's owner memory: which conversations it was told it made, and for whom."""
+
+    keys: Keys = field(default_factory=Keys)
+    made_here: list[tuple[str, str, int]] = field(default_factory=list)
+
+    def made(self, conversation_id: str, user_id: str, heard: int) -> None:
+        self.made_here.append((conversation_id, user_id, heard))
+
+
+@dataclass
 class Gateway:
     conversations: Convs = field(default_factory=lambda: Convs(conversation("c", "ann"), conversation("d", "ann"),
                                                                conversation("e", "bob"), conversation("p", "pat")))
     preferences: Saved = field(default_factory=Saved)
+    conversation_owners: Owners = field(default_factory=Owners)
 
     async def user_for_token(self, token: str) -> User | None:
         return TOKENS.get(token)
@@ -146,6 +163,8 @@ async def test_a_new_conversations_title_is_folded_to_one_line(client: Any) -> N
     r = await http.post("/v1/conversations", json={"title": "  Trip\n plans "}, headers=auth("ann"))
     assert r.status_code == 201
     assert gw.conversations.conversations[r.json()["conversation_id"]].title == "Trip plans"
+    # The gateway remembers it made it for ann, as of the destructions heard before it was made.
+    assert gw.conversation_owners.made_here == [(r.json()["conversation_id"], "ann", 0)]
 
 
 async def test_a_new_conversation_keeps_its_own_copy_of_the_instructions_unless_its_plan_keeps_nothing(

@@ -141,8 +141,9 @@ async def test_a_share_is_a_sealed_snapshot_that_names_nobody(client: Any) -> No
     assert public.json()["title"] == "Fruit"
     assert [(m["role"], m["content"]) for m in public.json()["messages"]] == [
         ("user", "Name a <b>fruit</b>."), ("assistant", "A **pear**.")]
+    shown = public.text.replace(share["share_id"], "")  # a random id may spell "m1" by chance
     for name in ("ann", '"c"', "m0", "m1", "conversation_id", "message_id"):
-        assert name not in public.text
+        assert name not in shown
 
     listed = (await http.get("/v1/shares", headers=ANN)).json()["items"]
     assert [s["share_id"] for s in listed] == [share["share_id"]]
