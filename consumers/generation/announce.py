@@ -7,8 +7,9 @@ set (``keys.replicas``); the scheduler reads them to place a generation on a rep
 
 A conversation's replica is chosen on a ring of the workers, not of partitions, so Kafka moving partitions in a
 rebalance moves no conversation's cache: the next request goes to whichever partition its replica owns now.
-Only a worker joining or leaving changes homes, and only its share. The partitions themselves stay put too
-(``assignor.py``): a joiner takes its share only from the others, and a leaver's are the only ones to move.
+Only a worker joining or leaving changes homes, and only its share. (The group keeps aiokafka's round-robin
+assignor: aiokafka 0.14's sticky assignor keeps its member's last assignment on the class, shared by every
+consumer of a process, and with a class per consumer two members in one process rebalanced without end.)
 """
 from __future__ import annotations
 
