@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from schemas import ALL_EVENTS, Event, EventDeadLettered, EventDecodeError, decode, encode
 from topics import Topics
@@ -59,6 +60,31 @@ def make_consumer(bootstrap: str, *topic_names: str, group_id: str | None, **ove
     )
     options.update(overrides)
     return AIOKafkaConsumer(*topic_names, **options)
+
+
+async def assign_at_end(consumer: AIOKafkaConsumer, topic_names: Sequence[str]) -> None:
+    """Every partition of ``topic_names``, positioned at its end now: nothing appended after this returns is
+    missed. (A subscribed consumer with ``auto_offset_reset="latest"`` finds its end only at its first fetch,
+    so records appended before that are skipped.)"""
+    tps = []
+    for topic in topic_names:
+        tps += [TopicPartition(topic, p) for p in sorted(await topic_partitions(consumer, topic))]
+    consumer.assign(tps)
+    await consumer.seek_to_end(*tps)
+    for tp in tps:
+        await consumer.position(tp)
+
+
+async def tail(bootstrap: str, *topic_names: str, **overrides: Any) -> AIOKafkaConsumer:
+    """A started consumer outside any group, reading ``topic_names`` from their end now."""
+    consumer = make_consumer(bootstrap, group_id=None, **overrides)
+    await consumer.start()
+    try:
+        await assign_at_end(consumer, topic_names)
+    except BaseException:
+        await consumer.stop()
+        raise
+    return consumer
 
 
 async def send(producer: AIOKafkaProducer, topic: str, event: Event, key: str, partition: int | None = None) -> Any:

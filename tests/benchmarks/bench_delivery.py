@@ -31,7 +31,7 @@ from tests.benchmarks import common
 from tests.benchmarks.profiling import Profiler, cpu_seconds
 from tests.benchmarks.sse_client import SseStream
 from topics import Topics
-from topics.clients import make_consumer, make_producer, send
+from topics.clients import assign_at_end, make_consumer, make_producer, send
 
 USERS, CONNECTS_AT_ONCE = 10, 32
 
@@ -73,7 +73,7 @@ async def bare(settings: Settings, expect: int, deadline_s: float) -> dict[str, 
     topic = Topics(settings.topic_prefix).tokens
     consumer = make_consumer(settings.kafka_bootstrap, group_id=None, fetch_max_wait_ms=5)  # as the relay's
     await consumer.start()
-    await common.assign_at_end(consumer, [topic])
+    await assign_at_end(consumer, [topic])
     print("ready", flush=True)
     lags, finished, last = [], 0, 0.0
     deadline = time.time() + deadline_s

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from infra.config.pools import load_pools
@@ -30,7 +29,7 @@ from schemas import EventDecodeError, GenerationFinished, decode
 from tests.e2e.service import Proc, Service
 from topics import Topics
 from topics.admin import ensure_topics_async
-from topics.clients import make_consumer, topic_partitions
+from topics.clients import assign_at_end, make_consumer
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench-results"
@@ -273,17 +272,6 @@ async def engine_request(engine: Any, prompt: list[int], max_tokens: int, sampli
 
 
 # -- a tap on chat.tokens ---------------------------------------------------------------------------------
-async def assign_at_end(consumer: Any, topics: Sequence[str]) -> None:
-    """Every partition of ``topics``, positioned at the end now (nothing appended later is missed)."""
-    tps = []
-    for topic in topics:
-        tps += [TopicPartition(topic, p) for p in sorted(await topic_partitions(consumer, topic))]
-    consumer.assign(tps)
-    await consumer.seek_to_end(*tps)
-    for tp in tps:
-        await consumer.position(tp)
-
-
 class TokenTap:
     """Reads ``chat.tokens`` (and any other ``topics``) from the end; every event, with the time it arrived
     here, per generation; ``finished`` waits for the generation's ``GenerationFinished``."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from infra.config.settings import Settings
 from infra.stores import keys
@@ -28,7 +28,7 @@ from schemas import (
 )
 from tests.integration.gateway_server import serve
 from topics import Topics
-from topics.clients import make_consumer, make_producer, send, topic_partitions
+from topics.clients import assign_at_end, make_consumer, make_producer, send
 from topics.partitioning import partition_for
 
 
@@ -146,11 +146,7 @@ async def _decider(settings: Settings, producer: AIOKafkaProducer, topics: Topic
     """Play the stages once: the next MessageSubmitted is refused (or queued). Returns once it is listening."""
     consumer = make_consumer(settings.kafka_bootstrap, group_id=None)
     await consumer.start()
-    tps = [TopicPartition(topics.requests, p) for p in await topic_partitions(consumer, topics.requests)]
-    consumer.assign(tps)
-    await consumer.seek_to_end(*tps)
-    for tp in tps:
-        await consumer.position(tp)
+    await assign_at_end(consumer, [topics.requests])
 
     async def decide() -> str:
         try:

@@ -25,7 +25,7 @@ from schemas.sampling import Sampling
 from tests.e2e.service import Service, free_port
 from topics import Topics
 from topics.catalogue import GENERATION
-from topics.clients import make_consumer, make_producer, send
+from topics.clients import make_consumer, make_producer, send, tail
 from topics.partitioning import partition_for
 
 pytestmark = pytest.mark.vllm
@@ -134,9 +134,7 @@ async def test_cancel_stops_within_one_step_and_offsets_wait_for_the_unfinished(
     await producer.start()
     try:
         pool_env.wait_log(proc, "worker ready", 400)  # type: ignore[arg-type]
-        reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None, auto_offset_reset="latest")
-        await reader.start()
-        await reader.getmany(timeout_ms=200)
+        reader = await tail(settings.kafka_bootstrap, topics.tokens)
         for r in (long_req, short_req):
             await send(producer, topics.generate("large", "paid"), r, r.conversation_id)
         seen: list[TokensAppended] = []

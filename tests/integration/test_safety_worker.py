@@ -22,7 +22,7 @@ from schemas import GenerationFinished, GenerationRetracted, GenerationStarted, 
 from tests.e2e.service import Proc, Service, free_port
 from tests.integration.test_generation_worker import _prompt, _request
 from topics import Topics
-from topics.clients import make_consumer, make_producer, send
+from topics.clients import make_producer, send, tail
 
 pytestmark = pytest.mark.vllm
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "safety-worker-logs"
@@ -58,13 +58,11 @@ async def _generate(svc: Service, lane: str, max_tokens: int = 64) -> list[tuple
     """Send one request and return its chat.tokens events (offset, event) up to its finish."""
     settings, topics = svc.settings, Topics(svc.settings.topic_prefix)
     req = _request(_prompt(QUESTION), lane, max_tokens)
-    reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None, auto_offset_reset="latest")
-    await reader.start()
+    reader = await tail(settings.kafka_bootstrap, topics.tokens)
     producer = make_producer(settings.kafka_bootstrap)
     await producer.start()
     events: list[tuple[int, object]] = []
     try:
-        await reader.getmany(timeout_ms=200)
         await send(producer, topics.generate("large", lane), req, req.conversation_id)
         deadline = time.time() + 180
         while not any(isinstance(e, GenerationFinished) for _, e in events) and time.time() < deadline:

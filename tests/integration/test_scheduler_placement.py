@@ -22,7 +22,7 @@ from tests.fakes import FakeEngine
 from tests.integration.worker_requests import PLANS
 from topics import Topics
 from topics.catalogue import GENERATION
-from topics.clients import make_consumer, make_producer, send
+from topics.clients import make_producer, send, tail
 
 PARTITIONS = 4
 
@@ -50,13 +50,11 @@ async def _settled(redis: Any, group: str, topics: list[str], ids: set[str],
 
 async def _served_by(settings: Settings, topics: Topics, topic: str, partition: int, conversation: str) -> str:
     """Put a request on ``topic[partition]``; the worker id its GenerationStarted names."""
-    reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None, auto_offset_reset="latest")
-    await reader.start()
+    reader = await tail(settings.kafka_bootstrap, topics.tokens)
     producer = make_producer(settings.kafka_bootstrap)
     await producer.start()
     gid = new_id()
     try:
-        await asyncio.sleep(1.0)  # the reader is at the end
         await send(producer, topic, GenerationRequested(
             generation_id=gid, conversation_id=conversation, user_id=f"u-{uuid.uuid4().hex}", plan="paid",
             pool="large", lane="paid", prompt_token_ids=list(range(12)), max_tokens=4, message_id=gid),

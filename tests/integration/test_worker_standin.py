@@ -22,7 +22,7 @@ from tests.fakes import FakeEngine
 from tests.integration.worker_requests import gather_events, request, streamed
 from topics import Topics
 from topics.catalogue import GENERATION
-from topics.clients import make_consumer, make_producer
+from topics.clients import make_producer, tail
 
 PLANS = {"paid": Plan("paid", 500_000, 40_000, 80_000, 2, 64, 30, "paid")}
 REPLY = " ".join(f"w{i}" for i in range(80))
@@ -53,9 +53,8 @@ async def _reply(reader: Any, gid: str, events: list[Any]) -> GenerationFinished
 async def test_a_compatible_pool_stands_in_for_a_pool_with_no_replica_left_and_hands_it_back(
         settings: Settings, redis_client: Any) -> None:
     topics = Topics(settings.topic_prefix)
-    reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None, auto_offset_reset="latest")
+    reader = await tail(settings.kafka_bootstrap, topics.tokens)
     producer = make_producer(settings.kafka_bootstrap)
-    await reader.start()
     await producer.start()
     own = _worker(settings, "large-1")
     stand_ins: list[GenerationWorker] = []
@@ -70,7 +69,6 @@ async def test_a_compatible_pool_stands_in_for_a_pool_with_no_replica_left_and_h
     back = None
     try:
         await _until("large-1 announced", lambda: "large" in watch.seen)
-        await asyncio.sleep(1.0)  # the reader is at the end of chat.tokens
         gid, events = new_id(), []  # type: ignore[var-annotated]
         await request(producer, topics, gid, 60)
         while streamed(events) < 5:

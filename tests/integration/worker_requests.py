@@ -15,7 +15,7 @@ from infra.config.plans import Plan
 from infra.config.settings import Settings
 from schemas import GenerationFinished, GenerationRequested, TokensAppended, decode, new_id
 from topics import Topics
-from topics.clients import make_consumer, make_producer, send
+from topics.clients import make_producer, send, tail
 
 # Called after each fetch with the events so far and a way to start one more worker into the pool.
 During = Callable[[list[Any], Callable[[GenerationWorker], None]], None]
@@ -45,8 +45,7 @@ async def one_reply(settings: Settings, worker: GenerationWorker, max_tokens: in
     ``during`` after each fetch; then ``settle_s`` for anything appended after the end. Every worker is
     stopped at the end (``before_stop`` runs first, to lift a fault)."""
     topics = Topics(settings.topic_prefix)
-    reader = make_consumer(settings.kafka_bootstrap, topics.tokens, group_id=None, auto_offset_reset="latest")
-    await reader.start()
+    reader = await tail(settings.kafka_bootstrap, topics.tokens)
     producer = make_producer(settings.kafka_bootstrap)
     await producer.start()
     workers, runs = [worker], [asyncio.create_task(worker.run())]
@@ -57,7 +56,6 @@ async def one_reply(settings: Settings, worker: GenerationWorker, max_tokens: in
 
     gid, events = new_id(), []  # type: ignore[var-annotated]
     try:
-        await asyncio.sleep(1.0)  # the reader is at the end of chat.tokens
         await request(producer, topics, gid, max_tokens)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not any(isinstance(e, GenerationFinished) for e in events):
