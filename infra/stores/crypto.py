@@ -120,7 +120,11 @@ def _read_or_create(path: Path) -> bytes:
 
 log = logging.getLogger(__name__)
 KEYS_DESTROYED = "parley:keys:destroyed"  # pub/sub channel: the id of each conversation whose data key is destroyed
+KEYS_MADE = "parley:keys:made"  # pub/sub channel: each new conversation's id, tenant and wrapped key
 LIVE_CACHE_S = 300.0  # how long a key stays cached while destructions can be heard
+MADE_KEEP_S = 120.0  # how long a key heard made is kept, unread, for this process's first use of it
+MADE_KEPT_MAX = 20_000  # the most keys heard made and not read yet (the oldest are dropped first)
+CACHE_PRUNE_AT = 4_096  # the cache drops its expired keys when it grows past this
 
 
 class DataKeys(FollowedCache):
@@ -131,9 +135,16 @@ class DataKeys(FollowedCache):
     ``live_cache_s`` (a conversation's turns minutes apart read it once). A lost subscription forgets every
     key and caches for ``cache_s`` only until it is back; a load that spans a destruction or a loss is kept
     ``cache_s`` too. The purge's delay stays longer than ``cache_s``: the bound when nothing is heard.
+
+    A process that makes a key announces it, wrapped, on ``KEYS_MADE`` before it returns the new conversation,
+    so any destruction of it is announced after; a following process keeps what it hears ``MADE_KEEP_S`` and
+    unwraps it at its first use, so the stages and workers serving a new conversation's first turns read no
+    key from Cassandra. Pub/sub messages are not written to Redis's append-only file: the wrapped key is kept
+    only in Cassandra and in memory, and a destruction still drops it everywhere.
     """
 
     channel = KEYS_DESTROYED
+    also = (KEYS_MADE,)
     lost_note = "keys kept only cache_s until it is back"
 
     def __init__(self, db: AsyncSession, tenants: TenantKeys, cache_s: float = 10.0, redis: Any = None,
@@ -142,6 +153,8 @@ class DataKeys(FollowedCache):
         self.db, self.tenants, self.cache_s, self.live_cache_s = db, tenants, cache_s, live_cache_s
         self._cache: dict[str, tuple[float, AESGCM]] = {}
         self._loading: dict[str, asyncio.Future[AESGCM | None]] = {}
+        self._made: dict[str, tuple[float, str, bytes]] = {}  # heard made, not read yet: (until, tenant, wrapped)
+        self._prune_at = CACHE_PRUNE_AT
         # Told of each forgotten key (its conversation id; None: all of them), to drop what they derived from it.
         self.listeners: list[Callable[[str | None], None]] = []
 
@@ -151,7 +164,11 @@ class DataKeys(FollowedCache):
 
     def _keep(self, conversation_id: str, key: AESGCM, heard: int) -> None:
         keep = self.live_cache_s if self.live(heard) else self.cache_s
-        self._cache[conversation_id] = (time.monotonic() + keep, key)
+        now = time.monotonic()
+        self._cache[conversation_id] = (now + keep, key)
+        if len(self._cache) > self._prune_at:  # expired keys are dropped in bulk, not one per read
+            self._cache = {cid: hit for cid, hit in self._cache.items() if hit[0] > now}
+            self._prune_at = max(CACHE_PRUNE_AT, 2 * len(self._cache))
 
     async def create(self, conversation_id: str, tenant_id: str) -> AESGCM:
         """The key of a conversation made now. A plain write, not a lightweight transaction: the only caller
@@ -163,6 +180,31 @@ class DataKeys(FollowedCache):
             (conversation_id, tenant_id, wrapped, datetime.now(UTC)))
         key = AESGCM(raw)
         self._keep(conversation_id, key, self.heard)
+        if self.redis is not None:
+            try:
+                await self.redis.publish(KEYS_MADE, f"{conversation_id}\n{tenant_id}\n".encode() + wrapped)
+            except Exception as exc:  # noqa: BLE001 - the others read it from Cassandra instead
+                log.warning("conversation %s: key not announced (%s)", conversation_id, type(exc).__name__)
+        return key
+
+    def heard_other(self, channel: str, data: bytes) -> None:
+        """A key made elsewhere: kept wrapped until it is first read here, or ``MADE_KEEP_S``."""
+        conversation_id, tenant_id, wrapped = data.split(b"\n", 2)
+        if conversation_id.decode() in self._cache:
+            return  # made here
+        now = time.monotonic()
+        self._made[conversation_id.decode()] = (now + MADE_KEEP_S, tenant_id.decode(), wrapped)
+        for oldest, (until, _, _) in list(self._made.items()):  # oldest first: drop what expired or overflows
+            if until > now and len(self._made) <= MADE_KEPT_MAX:
+                break
+            del self._made[oldest]
+
+    def _heard_made(self, conversation_id: str) -> AESGCM | None:
+        made = self._made.pop(conversation_id, None)
+        if made is None or made[0] <= time.monotonic() or not self.subscribed:
+            return None
+        key = AESGCM(self.tenants.unwrap(made[1], made[2], conversation_id.encode()))
+        self._keep(conversation_id, key, self.heard)
         return key
 
     async def get(self, conversation_id: str) -> AESGCM:
@@ -171,6 +213,8 @@ class DataKeys(FollowedCache):
         hit = self._cache.get(conversation_id)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
+        if (made := self._heard_made(conversation_id)) is not None:
+            return made
         loading = self._loading.get(conversation_id)
         if loading is None:  # one read per key however many events wait on it
             loading = self._loading[conversation_id] = asyncio.ensure_future(self._load(conversation_id))
@@ -221,11 +265,13 @@ class DataKeys(FollowedCache):
     def forget(self, conversation_id: str) -> None:
         self.heard += 1
         self._cache.pop(conversation_id, None)
+        self._made.pop(conversation_id, None)
         for listener in self.listeners:
             listener(conversation_id)
 
     def forget_all(self) -> None:
         self.heard += 1
         self._cache.clear()
+        self._made.clear()
         for listener in self.listeners:
             listener(None)

@@ -19,6 +19,7 @@ RESUBSCRIBE_S = 1.0
 
 class FollowedCache:
     channel: str  # the Redis channel names are announced on
+    also: tuple[str, ...] = ()  # other channels followed on the same subscription (see ``heard_other``)
     lost_note: str  # what the cache does while the channel is lost, for the log
 
     def __init__(self, redis: Any) -> None:
@@ -26,12 +27,16 @@ class FollowedCache:
         self.subscribed = False  # names can be heard now
         self.heard = 0  # names heard and subscription losses
         self._task: asyncio.Task[None] | None = None
+        self._confirmed: set[str] = set()  # channels whose subscription the server confirmed
 
     def forget(self, name: str) -> None:
         raise NotImplementedError
 
     def forget_all(self) -> None:
         raise NotImplementedError
+
+    def heard_other(self, channel: str, data: bytes) -> None:
+        """A message on one of ``also``'s channels."""
 
     def start(self) -> None:
         """Follow the channel (once; without Redis, never)."""
@@ -47,8 +52,9 @@ class FollowedCache:
     async def _follow(self) -> None:
         while True:
             pubsub = self.redis.pubsub()
+            self._confirmed = set()
             try:
-                await pubsub.subscribe(self.channel)
+                await pubsub.subscribe(self.channel, *self.also)
                 async for message in pubsub.listen():
                     self.heard_message(message)
             except asyncio.CancelledError:
@@ -63,8 +69,16 @@ class FollowedCache:
             await asyncio.sleep(RESUBSCRIBE_S)
 
     def heard_message(self, message: dict[str, Any]) -> None:
-        if message.get("type") == "subscribe":
-            self.subscribed = True
-        elif message.get("type") == "message":
+        channel = _text(message.get("channel", self.channel))
+        if message.get("type") == "subscribe":  # subscribed once every channel is: nothing said is missed
+            self._confirmed.add(channel)
+            self.subscribed = {self.channel, *self.also} <= self._confirmed
+        elif message.get("type") == "message" and channel == self.channel:
+            self.forget(_text(message.get("data")))
+        elif message.get("type") == "message" and channel in self.also:
             data = message.get("data")
-            self.forget(data.decode() if isinstance(data, bytes) else str(data))
+            self.heard_other(channel, data if isinstance(data, bytes) else str(data).encode())
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from cryptography.exceptions import InvalidTag
 
-from infra.stores.crypto import DataKeys, KeyGone, LocalTenantKeys
+from infra.stores.crypto import KEYS_DESTROYED, KEYS_MADE, DataKeys, KeyGone, LocalTenantKeys
 from infra.stores.sealing import SEALED_FIELDS, Sealer, is_sealed
 from schemas import (
     GenerationFinished,
@@ -255,11 +255,16 @@ class Channel:
 
     def __init__(self) -> None:
         self.queues: list[asyncio.Queue[dict[str, Any]]] = []
+        self.names: dict[int, tuple[str, ...]] = {}  # id of a subscriber's queue -> the channels it follows
+        self.published: list[str] = []
 
-    async def publish(self, channel: str, data: str) -> int:
-        for q in self.queues:
-            q.put_nowait({"type": "message", "channel": channel, "data": data.encode()})
-        return len(self.queues)
+    async def publish(self, channel: str, data: str | bytes) -> int:
+        self.published.append(channel)
+        heard = [q for q in self.queues if channel in self.names[id(q)]]
+        for q in heard:
+            q.put_nowait({"type": "message", "channel": channel.encode(),
+                          "data": data if isinstance(data, bytes) else data.encode()})
+        return len(heard)
 
     def cut(self) -> None:
         for q in self.queues:
@@ -272,9 +277,11 @@ class Channel:
             def __init__(self) -> None:
                 self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
-            async def subscribe(self, name: str) -> None:
+            async def subscribe(self, *names: str) -> None:
                 channel.queues.append(self.queue)
-                self.queue.put_nowait({"type": "subscribe", "channel": name})
+                channel.names[id(self.queue)] = names
+                for name in names:
+                    self.queue.put_nowait({"type": "subscribe", "channel": name.encode()})
 
             async def listen(self):  # type: ignore[no-untyped-def]
                 while True:
@@ -334,3 +341,57 @@ async def test_a_lost_subscription_forgets_every_key_and_keeps_none_long(table: 
     await keys.get("conv-a")
     assert table.reads == reads + 2  # kept cache_s (0) while nothing can be heard: it resubscribes after 1 s
     await keys.stop()
+
+
+async def test_a_key_made_elsewhere_is_heard_and_read_without_cassandra_until_it_is_destroyed(
+        table: KeyTable, tmp_path: Path) -> None:
+    redis = Channel()
+    maker = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
+    worker = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
+    worker.start()
+    await _until(lambda: worker.subscribed)
+    made = await maker.create("conv-a", "u1")
+    assert redis.published == [KEYS_MADE]
+    await _until(lambda: "conv-a" in worker._made)  # noqa: SLF001
+    reads = table.reads
+    key = await worker.get("conv-a")
+    assert table.reads == reads  # heard, not read
+    sealed = made.encrypt(b"0" * 12, b"hello", None)
+    assert key.decrypt(b"0" * 12, sealed, None) == b"hello"  # the same key, unwrapped here
+    await maker.create("conv-b", "u1")
+    await _until(lambda: "conv-b" in worker._made)  # noqa: SLF001
+    await maker.destroy("conv-b")  # destroyed before this process used it: the heard key is dropped too
+    await _until(lambda: "conv-b" not in worker._made)  # noqa: SLF001
+    with pytest.raises(KeyGone):
+        await worker.get("conv-b")
+    await maker.destroy("conv-a")
+    await _until(lambda: "conv-a" not in worker._cache)  # noqa: SLF001
+    with pytest.raises(KeyGone):
+        await worker.get("conv-a")
+    await maker.stop()
+    await worker.stop()
+
+
+async def test_a_key_heard_made_is_not_used_once_the_channel_is_lost(table: KeyTable, tmp_path: Path) -> None:
+    redis = Channel()
+    maker = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
+    worker = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
+    worker.start()
+    await _until(lambda: worker.subscribed)
+    await maker.create("conv-a", "u1")
+    await _until(lambda: "conv-a" in worker._made)  # noqa: SLF001
+    redis.cut()  # a destruction said now would not be heard: what was heard is forgotten
+    await _until(lambda: not worker.subscribed)
+    reads = table.reads
+    await worker.get("conv-a")
+    assert table.reads == reads + 1  # read from Cassandra
+    await maker.stop()
+    await worker.stop()
+
+
+def test_only_a_subscription_to_every_channel_counts_as_subscribed(table: KeyTable, tmp_path: Path) -> None:
+    keys = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=Channel())  # type: ignore[arg-type]
+    keys.heard_message({"type": "subscribe", "channel": KEYS_DESTROYED.encode()})
+    assert not keys.subscribed  # a key made now would not be heard yet
+    keys.heard_message({"type": "subscribe", "channel": KEYS_MADE.encode()})
+    assert keys.subscribed
