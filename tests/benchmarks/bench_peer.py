@@ -73,12 +73,24 @@ def bench(base_url: str, model_dir: str, served: str, concurrency: int, ns: argp
 
 
 def measured(run: Any, pids: dict[str, int], c: int, side: str,
-             profile: dict[str, int] | None = None, idle: dict[str, float] | None = None) -> dict[str, Any]:
+             profile: dict[str, int] | None = None, idle: dict[str, float] | None = None,
+             place: bool = False) -> dict[str, Any]:
     """One level with each process's CPU seconds counted around it (and py-spy on ``profile`` if asked)."""
     profiler = Profiler(profile, common.RESULTS / "profiles", f"peer-{side}-c{c}") if profile else None
     profiling = profiler.start() if profiler else False
+    placed = None
+    if place:  # the engine on its own cores: everything else pinned to the others for this level
+        engine = cpu_split.engine_cpus(pids)
+        rest = set(range(os.cpu_count() or 1)) - engine
+        placed = cpu_split.place(pids, rest) if engine and rest else None
+        print(f"   placed: engine on CPUs {sorted(engine)}, the rest on {sorted(rest)}" if placed is not None
+              else "   not placed: no engine core bound to a CPU subset")
     before, started = cpu_split.snapshot(pids), time.time()
-    result = run(c)
+    try:
+        result = run(c)
+    finally:
+        if placed is not None:
+            cpu_split.unplace(placed)
     split = cpu_split.split(before, cpu_split.snapshot(pids), int(result.get("total_output_tokens", 0)),
                             time.time() - started, idle)
     cpu_split.print_split(side, c, split)
@@ -89,6 +101,12 @@ def measured(run: Any, pids: dict[str, int], c: int, side: str,
             print(f"   profile {name}: busy {prof.get('busy_share_of_one_core')} core; "
                   f"by owner {prof.get('by_owner', [])[:4]}")
     return result
+
+
+def profiled(python_side: dict[str, int], pids: dict[str, int]) -> dict[str, int]:
+    """What ``--profile`` samples: the Python processes, and the engine core under them (on both sides, so the
+    engine's own time can be compared where it is spent)."""
+    return {**python_side, **{name: pid for name, pid in pids.items() if name.startswith(cpu_split.ENGINE)}}
 
 
 HOPS = ("admission", "prompt", "scheduler", "worker_pickup", "engine_first_token", "worker_append", "to_a_reader")
@@ -141,7 +159,7 @@ async def parley_side(ns: argparse.Namespace, env: dict[str, str], pool: Any) ->
         for c in ns.levels:  # in a thread, so the tap keeps reading while vLLM bench runs
             out[c] = await asyncio.to_thread(
                 measured, lambda c: bench(url, pool.model_dir, pool.served_model_name, c, ns, "parley", user.token),
-                pids, c, "parley", own if ns.profile and c == top else None, idle)
+                pids, c, "parley", profiled(own, pids) if ns.profile and c == top else None, idle, ns.place)
             await asyncio.sleep(1)  # the level's last events reach the tap
             out[c]["hops"] = inner_hops(tap.events)
             tap.events.clear()
@@ -189,8 +207,12 @@ def vllm_side(ns: argparse.Namespace, pool: Any) -> dict[int, dict[str, Any]]:
                 **cpu_split.backbone_pids(Settings.from_env())}
         idle = cpu_split.idle_rates(pids)
         print(f"   vllm idle CPU (cores): {idle}")
+        top = max(ns.levels)
         return {c: measured(lambda c: bench(f"http://127.0.0.1:{port}", pool.model_dir, pool.served_model_name,
-                                            c, ns, "vllm"), pids, c, "vllm", None, idle) for c in ns.levels}
+                                            c, ns, "vllm"), pids, c, "vllm",
+                            profiled({"vllm server": proc.pid}, pids) if ns.profile and c == top else None, idle,
+                            ns.place)
+                for c in ns.levels}
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)
@@ -248,7 +270,10 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=256, help="random prompt length, tokens")
     parser.add_argument("--output-len", type=int, default=64, help="tokens per reply (ignore_eos: exactly)")
     parser.add_argument("--prompts-per-level", type=int, default=4, help="requests = this x concurrency (min 4)")
-    parser.add_argument("--profile", action="store_true", help="py-spy on gateway, stages, worker at the top level")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy on the Python processes and the engine cores, both sides, at the top level")
+    parser.add_argument("--place", action="store_true",
+                        help="pin every process but the engine cores off the engines' CPUs while a level runs")
     parser.add_argument("--smoke", action="store_true", help="levels 1,2, short prompts and replies")
     ns = parser.parse_args()
     if ns.smoke:

@@ -110,3 +110,47 @@ def print_split(side: str, level: int, s: dict[str, Any]) -> None:
     if "pipeline_less_idle_ms_per_1k" in s:
         print(f"   less each process's idle rate: everything else {s['pipeline_less_idle_ms_per_1k']} ms/1k "
               f"({s['pipeline_without_backbone_less_idle_ms_per_1k']} without the shared backbone)")
+
+
+def engine_cpus(pids: dict[str, int]) -> set[int]:
+    """The CPUs the engine cores' compute threads are bound to (vLLM binds its OpenMP threads itself)."""
+    bound: set[int] = set()
+    for name, pid in pids.items():
+        if not name.startswith(ENGINE):
+            continue
+        try:
+            for thread in psutil.Process(pid).threads():
+                cpus = psutil.Process(thread.id).cpu_affinity() if psutil.pid_exists(thread.id) else []
+                if cpus and len(cpus) < psutil.cpu_count():
+                    bound.update(cpus)
+        except psutil.Error:
+            continue
+    return bound
+
+
+def place(pids: dict[str, int], cpus: set[int]) -> dict[int, list[int]]:
+    """Pin every thread of every process in ``pids`` that is not an engine core to ``cpus``; the affinity each
+    thread had, to put back with ``unplace``."""
+    before: dict[int, list[int]] = {}
+    for name, pid in pids.items():
+        if name.startswith(ENGINE):
+            continue
+        try:
+            threads = [t.id for t in psutil.Process(pid).threads()]
+        except psutil.Error:
+            continue
+        for tid in threads:
+            try:
+                before[tid] = psutil.Process(tid).cpu_affinity()
+                psutil.Process(tid).cpu_affinity(sorted(cpus))
+            except psutil.Error:
+                continue
+    return before
+
+
+def unplace(before: dict[int, list[int]]) -> None:
+    for tid, cpus in before.items():
+        try:
+            psutil.Process(tid).cpu_affinity(cpus)
+        except psutil.Error:
+            continue
