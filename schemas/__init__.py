@@ -1,7 +1,7 @@
 """Typed events: the contract between stages. Import events from here."""
 from schemas.admission import RequestAdmitted, RequestRefused
 from schemas.base import Event, id_time_ms, new_id
-from schemas.codec import ALL_EVENTS, decode, encode
+from schemas.codec import ALL_EVENTS, decode, decode_record, encode, keyless
 from schemas.deadletter import EventDeadLettered
 from schemas.deletion import ConversationDeleted, ConversationPurged
 from schemas.errors import EventDecodeError, MalformedEvent, UnsupportedVersion
@@ -18,5 +18,6 @@ __all__ = [
     "GenerationRetracted", "GenerationStarted", "InputBlocked", "MalformedEvent", "MessageSubmitted", "PoolPrompt",
     "PromptBuilt",
     "RequestAdmitted", "RequestRefused", "TokensAppended", "UnsupportedVersion", "Usage", "UsageRecorded", "decode",
+    "decode_record", "keyless",
     "encode", "id_time_ms", "new_id", "own_client_message_id",
 ]

@@ -54,12 +54,25 @@ def _decoder(types: tuple[type[Event], ...]) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(target)
 
 
-def decode(data: bytes | str, types: tuple[type[Event], ...] = ALL_EVENTS) -> Event:
-    """Decode one record into one of ``types``; raise a specific error otherwise."""
+def decode(data: bytes | str, types: tuple[type[Event], ...] = ALL_EVENTS, key: bytes | None = None) -> Event:
+    """Decode one record into one of ``types``; raise a specific error otherwise. ``key``: the record's key, the
+    generation id of an event whose value leaves it out (a token record)."""
     try:
         event: Event = _decoder(types).decode(data)
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
         raise MalformedEvent(str(exc)) from exc
     if event.v != type(event).VERSION:
         raise UnsupportedVersion(type(event).__name__, event.v, type(event).VERSION)
+    if key and getattr(event, "generation_id", None) == "":
+        event = msgspec.structs.replace(event, generation_id=key.decode())
     return event
+
+
+def decode_record(record: Any, types: tuple[type[Event], ...] = ALL_EVENTS) -> Event:
+    """``decode`` of a Kafka record's value, with its key."""
+    return decode(record.value, types, record.key)
+
+
+def keyless(event: Event) -> bytes:
+    """``encode`` without the generation id, for a record keyed by it (a token record)."""
+    return encode(msgspec.structs.replace(event, generation_id=""))

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
-from schemas import ALL_EVENTS, Event, EventDeadLettered, EventDecodeError, decode, encode
+from schemas import ALL_EVENTS, Event, EventDeadLettered, EventDecodeError, decode_record, encode
 from topics import Topics
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ async def decode_or_deadletter(record: ConsumerRecord, producer: AIOKafkaProduce
                                types: tuple[type[Event], ...] = ALL_EVENTS) -> Event | None:
     """The event in ``record``, or None after the record has been dead-lettered."""
     try:
-        return decode(record.value, types)
+        return decode_record(record, types)
     except EventDecodeError as exc:
         await deadletter(record, producer, topics, group, str(exc))
         return None

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from schemas import Event, EventDecodeError, decode
+from schemas import Event, EventDecodeError, decode_record
 from topics.clients import make_consumer, topic_partitions
 from topics.partitioning import partition_for
 
@@ -83,7 +83,7 @@ async def replay(bootstrap: str, topic: str, since_s: float, types: tuple[type[E
                 if until_s is not None and record.timestamp >= until_s * 1000:
                     break
                 try:
-                    yield decode(record.value, types)
+                    yield decode_record(record, types)
                 except EventDecodeError as exc:  # a stage dead-letters these; an audit only skips them
                     log.debug("replay of %s skipped offset %d: %s", tp, record.offset, exc)
     finally:

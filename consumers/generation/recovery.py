@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 
 from consumers.generation.fencing import is_current
-from schemas import EventDecodeError, GenerationFinished, GenerationStarted, TokensAppended, decode
+from schemas import EventDecodeError, GenerationFinished, GenerationStarted, TokensAppended, decode_record
 from schemas.errors import ParleyError
 from topics.replay import open_reader, read_to_end
 
@@ -80,7 +80,7 @@ async def read_saved(bootstrap: str, tokens_topic: str, generation_id: str, sinc
             events: list[object] = []
             async for record in read_to_end(reader, tp, timeout_ms=1000):
                 try:
-                    events.append(decode(record.value, TOKEN_EVENTS))
+                    events.append(decode_record(record, TOKEN_EVENTS))
                 except EventDecodeError:
                     continue  # other event types share the partition
             if await reader.consumer.position(tp) >= reader.ends[tp]:

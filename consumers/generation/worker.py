@@ -68,7 +68,7 @@ from schemas import (
     TokensAppended,
     Usage,
     decode,
-    encode,
+    keyless,
 )
 from schemas.errors import EventDecodeError
 from schemas.generation import Status
@@ -493,8 +493,9 @@ class GenerationWorker:
         state.sent(step.seq)
 
     async def _append(self, step: TokensAppended) -> asyncio.Future[Any]:
-        """Checked (when held back) in clear here; sealed on the way out."""
-        return await self.producer.send(self.topics.tokens, encode(await self._seal(step)),
+        """Checked (when held back) in clear here; sealed on the way out. The value leaves out the generation id:
+        the record key is it."""
+        return await self.producer.send(self.topics.tokens, keyless(await self._seal(step)),
                                         key=step.generation_id.encode())
 
     async def _checked(self, req: GenerationRequested, guard: OutputGuard) -> Verdict | None:

@@ -31,7 +31,7 @@ from infra.stores.retry import FIRST_DELAY_S, MAX_DELAY_S, STORE_DOWN
 from infra.stores.sealing import Sealer
 from producers.gateway import ownership
 from producers.gateway.tails import Borrowing, PartitionTail
-from schemas import EventDecodeError, GenerationFinished, RequestRefused, decode, new_id
+from schemas import EventDecodeError, GenerationFinished, RequestRefused, decode_record, new_id
 from schemas.errors import ParleyError
 from topics.partitioning import partition_for
 from topics.replay import open_reader, read_to_end
@@ -87,7 +87,7 @@ class TokenRelay:
             if not self.subs.get(key):
                 continue  # decode only what someone here is reading
             try:
-                await self._deliver(key, record.offset, decode(record.value))
+                await self._deliver(key, record.offset, decode_record(record))
             except EventDecodeError:
                 continue
             except Exception:  # noqa: BLE001 - one event must never stop delivery to every stream
@@ -228,7 +228,7 @@ class TokenRelay:
             async for record in read_to_end(reader, tp, timeout_ms=500):
                 if record.key and record.key.decode() == generation_id:
                     try:
-                        event = await self._open(decode(record.value))
+                        event = await self._open(decode_record(record))
                     except (EventDecodeError, KeyGone):
                         continue
                     yield record.offset, event

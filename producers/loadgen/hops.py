@@ -72,11 +72,11 @@ class HopTap:
             batch = await self.consumer.getmany(timeout_ms=200, max_records=2000)
             for records in batch.values():
                 for r in records:
-                    self._keep(r.value)
+                    self._keep(r.value, r.key)
 
-    def _keep(self, raw: bytes) -> None:
+    def _keep(self, raw: bytes, key: bytes | None = None) -> None:
         try:
-            event = decode(raw)
+            event = decode(raw, key=key)
         except EventDecodeError:
             return
         gid = getattr(event, "generation_id", "")

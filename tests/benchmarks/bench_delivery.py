@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 
 from infra.config.settings import Settings
 from infra.stores import keys
-from schemas import GenerationFinished, GenerationQueued, TokensAppended, Usage, decode, encode, new_id
+from schemas import GenerationFinished, GenerationQueued, TokensAppended, Usage, decode_record, encode, new_id
 from tests.benchmarks import common
 from tests.benchmarks.profiling import Profiler, cpu_seconds
 from tests.benchmarks.sse_client import SseStream
@@ -83,7 +83,7 @@ async def bare(settings: Settings, expect: int, deadline_s: float) -> dict[str, 
             now = time.time()
             for records in batch.values():
                 for r in records:
-                    e = decode(r.value)
+                    e = decode_record(r)
                     if isinstance(e, TokensAppended):
                         lags.append(now - e.at)
                         last = now

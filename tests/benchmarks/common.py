@@ -25,7 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from infra.config.pools import load_pools
 from infra.config.settings import Settings
-from schemas import EventDecodeError, GenerationFinished, decode
+from schemas import EventDecodeError, GenerationFinished, decode_record
 from tests.e2e.service import Proc, Service
 from topics import Topics
 from topics.admin import ensure_topics_async
@@ -295,7 +295,7 @@ class TokenTap:
             for records in batch.values():
                 for r in records:
                     try:
-                        e = decode(r.value)
+                        e = decode_record(r)
                     except EventDecodeError:
                         continue
                     gid = getattr(e, "generation_id", "")

@@ -23,7 +23,7 @@ from infra.stores.crypto import KeyGone
 from infra.stores.preferences import key_id
 from infra.stores.sealing import Sealer, configured, is_sealed
 from producers.gateway.responses_compat import generation_of as rc_generation
-from schemas import ALL_EVENTS, ConversationPurged, EventDecodeError, decode
+from schemas import ALL_EVENTS, ConversationPurged, EventDecodeError, decode_record
 from tests.e2e.client import collect, frames, text_of
 from tests.e2e.conftest import Caller, eventually
 from tests.e2e.service import Service
@@ -76,7 +76,7 @@ async def raw_records(settings: Settings, cid: str) -> list[Any]:
             for records in batch.values():
                 for r in records:
                     try:
-                        event = decode(r.value, ALL_EVENTS)
+                        event = decode_record(r, ALL_EVENTS)
                     except EventDecodeError:
                         continue
                     if getattr(event, "conversation_id", None) == cid:
@@ -167,7 +167,7 @@ async def raw_audit(settings: Settings) -> list[Any]:
     await reader.start()
     try:
         batch = await reader.getmany(timeout_ms=3000)
-        return [(r.value, decode(r.value, (ConversationPurged,))) for rs in batch.values() for r in rs]
+        return [(r.value, decode_record(r, (ConversationPurged,))) for rs in batch.values() for r in rs]
     finally:
         await reader.stop()
 
@@ -472,7 +472,7 @@ async def test_a_phrase_sent_by_every_route_is_sealed_in_every_store(
     events = []
     for r in records:
         try:
-            event = decode(r.value, ALL_EVENTS)
+            event = decode_record(r, ALL_EVENTS)
         except EventDecodeError:
             continue
         if getattr(event, "conversation_id", None) in ours:

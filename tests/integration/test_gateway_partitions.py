@@ -32,7 +32,7 @@ from schemas import (
     MessageSubmitted,
     TokensAppended,
     Usage,
-    decode,
+    decode_record,
 )
 from tests.integration.gateway_server import free_port, serve_app
 from tests.tools import missing
@@ -110,7 +110,7 @@ class Stages:
         while True:
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 for record in records:
-                    event = decode(record.value)
+                    event = decode_record(record)
                     if isinstance(event, MessageSubmitted):
                         return event
 

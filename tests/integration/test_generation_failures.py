@@ -17,7 +17,7 @@ from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation
-from schemas import GenerationFinished, GenerationRequested, UsageRecorded, decode, new_id
+from schemas import GenerationFinished, GenerationRequested, UsageRecorded, decode_record, new_id
 from streams.settlement import Settlement
 from tests.fakes import FakeEngine
 from topics import Topics
@@ -34,7 +34,7 @@ async def _ended(settings: Settings, gid: str, timeout: float = 60) -> Generatio
         while time.monotonic() < deadline:
             for records in (await reader.getmany(timeout_ms=200)).values():
                 for r in records:
-                    event = decode(r.value)
+                    event = decode_record(r)
                     if isinstance(event, GenerationFinished) and event.generation_id == gid:
                         return event
     finally:

@@ -18,7 +18,7 @@ from schemas import (
     GenerationRequested,
     GenerationStarted,
     TokensAppended,
-    decode,
+    decode_record,
     new_id,
 )
 from schemas.sampling import Sampling
@@ -84,7 +84,7 @@ async def _token_events(settings: Settings, until: set[str],
             batch = await reader.getmany(timeout_ms=500)
             for records in batch.values():
                 for r in records:
-                    e = decode(r.value)
+                    e = decode_record(r)
                     events.setdefault(e.generation_id, []).append((r.offset, e))  # type: ignore[attr-defined]
                     if isinstance(e, GenerationFinished):
                         finished.add(e.generation_id)
@@ -145,7 +145,7 @@ async def test_cancel_stops_within_one_step_and_offsets_wait_for_the_unfinished(
         while finished is None and time.time() < deadline:
             for records in (await reader.getmany(timeout_ms=300)).values():
                 for rec in records:
-                    e = decode(rec.value)
+                    e = decode_record(rec)
                     if isinstance(e, GenerationFinished) and e.generation_id == short_req.generation_id:
                         short_done = True
                     if isinstance(e, TokensAppended) and e.generation_id == long_req.generation_id:
@@ -228,7 +228,7 @@ async def test_worker_killed_mid_reply_is_continued_by_another(pool_env: Service
         while not killed and time.time() < deadline:
             for records in (await reader.getmany(timeout_ms=300)).values():
                 for rec in records:
-                    e = decode(rec.value)
+                    e = decode_record(rec)
                     if isinstance(e, GenerationStarted) and e.generation_id == req.generation_id:
                         holder = e.worker_id
                     if isinstance(e, TokensAppended) and e.generation_id == req.generation_id and e.seq >= 15:

@@ -18,7 +18,7 @@ import pytest
 from infra.config.settings import Settings
 from infra.local.topology import ensure_topics
 from infra.stores import keys
-from schemas import GenerationFinished, GenerationRetracted, GenerationStarted, TokensAppended, decode
+from schemas import GenerationFinished, GenerationRetracted, GenerationStarted, TokensAppended, decode_record
 from tests.e2e.service import Proc, Service, free_port
 from tests.integration.test_generation_worker import _prompt, _request
 from topics import Topics
@@ -68,7 +68,7 @@ async def _generate(svc: Service, lane: str, max_tokens: int = 64) -> list[tuple
         while not any(isinstance(e, GenerationFinished) for _, e in events) and time.time() < deadline:
             for records in (await reader.getmany(timeout_ms=300)).values():
                 events += [(r.offset, e) for r in records
-                           if getattr(e := decode(r.value), "generation_id", None) == req.generation_id]
+                           if getattr(e := decode_record(r), "generation_id", None) == req.generation_id]
     finally:
         await producer.stop()
         await reader.stop()

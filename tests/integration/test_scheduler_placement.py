@@ -17,7 +17,7 @@ from consumers.scheduler.placement import Ring
 from consumers.scheduler.replicas import Replicas
 from consumers.scheduler.stage import read_announcements
 from infra.config.settings import Settings
-from schemas import GenerationRequested, GenerationStarted, decode, new_id
+from schemas import GenerationRequested, GenerationStarted, decode_record, new_id
 from tests.fakes import FakeEngine
 from tests.integration.worker_requests import PLANS
 from topics import Topics
@@ -63,7 +63,7 @@ async def _served_by(settings: Settings, topics: Topics, topic: str, partition: 
         while time.monotonic() < deadline:
             for records in (await reader.getmany(timeout_ms=300)).values():
                 for r in records:
-                    event = decode(r.value)
+                    event = decode_record(r)
                     if isinstance(event, GenerationStarted) and event.generation_id == gid:
                         return event.worker_id
         raise AssertionError(f"generation {gid} on {topic}[{partition}] never started")

@@ -13,7 +13,7 @@ from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
 from infra.config.plans import Plan
 from infra.config.settings import Settings
-from schemas import GenerationFinished, GenerationRequested, TokensAppended, decode, new_id
+from schemas import GenerationFinished, GenerationRequested, TokensAppended, decode_record, new_id
 from topics import Topics
 from topics.clients import make_producer, send, tail
 
@@ -31,7 +31,7 @@ async def request(producer: Any, topics: Topics, generation_id: str, max_tokens:
 async def gather_events(reader: Any, generation_id: str, events: list[Any], timeout_ms: int = 200) -> None:
     """Append to ``events`` what one fetch brings of ``generation_id``'s events."""
     for records in (await reader.getmany(timeout_ms=timeout_ms)).values():
-        events += [e for r in records if getattr(e := decode(r.value), "generation_id", None) == generation_id]
+        events += [e for r in records if getattr(e := decode_record(r), "generation_id", None) == generation_id]
 
 
 def streamed(events: list[Any]) -> int:

@@ -8,7 +8,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from infra.stores.crypto import KeyGone
 from infra.stores.sealing import Sealer, is_sealed, seal_bytes
-from schemas import TokensAppended, decode, encode, new_id
+from schemas import TokensAppended, decode, encode, keyless, new_id
 from schemas.sampling import TokenLogprob, TopLogprob
 
 
@@ -43,8 +43,11 @@ async def test_one_seal_carries_text_ids_and_logprobs_and_opens_to_the_same_even
 async def test_a_record_leaves_out_what_is_at_its_default_and_is_smaller_than_field_by_field() -> None:
     keys = Keys()
     sealer, plain = Sealer(keys), record(3)  # type: ignore[arg-type]
-    fields = set(msgspec.json.decode(encode(await sealer.seal(plain))))
-    assert fields == {"type", "at", "generation_id", "conversation_id", "seq", "epoch", "sealed"}
+    wire = keyless(await sealer.seal(plain))  # as the worker writes it, keyed by the generation id
+    assert set(msgspec.json.decode(wire)) == {"type", "at", "conversation_id", "seq", "epoch", "sealed"}
+    assert await sealer.open(decode(wire, key=plain.generation_id.encode())) == plain  # the key fills it in
+    assert decode(wire).generation_id == ""  # a reader that does not pass the key cannot route it
+    assert decode(encode(plain), key=b"another").generation_id == plain.generation_id  # a written id wins
     # as records were written before: a user id, text and token ids each sealed on its own
     cid = plain.conversation_id
     old = msgspec.structs.replace(plain, user_id=new_id(),
