@@ -96,7 +96,7 @@ def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_c
     history = messages(body.get("messages"), max_message_chars, tool_request)
     stream = _bool(body.get("stream"), "stream")
     max_tokens = _max_tokens(body)
-    sampled = sampling_params.parse(body, max_tokens)
+    sampled = sampling_params.openai_defaults(sampling_params.parse(body, max_tokens))
     return ChatRequest(pool, history, max_tokens, sampled.temperature, stream,
                        _include_usage(body.get("stream_options"), stream),
                        with_tools(sampled.sampling, tool_request), sampled.n,

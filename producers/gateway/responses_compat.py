@@ -101,7 +101,7 @@ def parse(body: Any, models: Mapping[str, str], default_pool: str, max_message_c
         fields.update(logprobs=True, top_logprobs=body["top_logprobs"])
     fields["response_format"] = _format(body.get("text"))
     try:
-        sampled = sampling_params.parse(fields, max_output)
+        sampled = sampling_params.openai_defaults(sampling_params.parse(fields, max_output))
     except CompatError as exc:  # the chat checks name "response_format"; here the field is "text.format"
         raise CompatError(exc.status, exc.code, exc.message.replace("response_format.json_schema.", "text.format."),
                           _format_param(exc.param)) from exc

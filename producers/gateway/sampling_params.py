@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from producers.gateway import schema_bounds
@@ -70,6 +71,22 @@ def parse(body: Mapping[str, Any], max_tokens: int | None = None) -> Parsed:
     asked = {k: v for k, v in fields.items() if v not in (None, False, 0) or (k == "seed" and v is not None)}
     n = _int(body, "n", 1, MAX_N)
     return Parsed(_number(body, "temperature", 0.0, 2.0), Sampling(**asked) if asked else None, n or 1)
+
+
+# What OpenAI's API reference gives a request that names neither; the page's own replies sample at 0.7 with
+# top_p 0.95 instead (consumers/generation/sampling.py).
+OPENAI_TEMPERATURE, OPENAI_TOP_P = 1.0, 1.0
+
+
+def openai_defaults(parsed: Parsed) -> Parsed:
+    """The OpenAI endpoints' defaults, for an app that talks to Parley as it talks to OpenAI: temperature 1 and
+    top_p 1 (no nucleus filter) when the request names none. Also what vLLM's own server does, and cheaper: for
+    any top_p below 1 a CPU engine sorts the whole vocabulary per sequence per step."""
+    sampling = parsed.sampling or Sampling()
+    if sampling.top_p is None:
+        sampling = msgspec.structs.replace(sampling, top_p=OPENAI_TOP_P)
+    temperature = OPENAI_TEMPERATURE if parsed.temperature is None else parsed.temperature
+    return Parsed(temperature, sampling, parsed.n)
 
 
 def reply_cap(body: Mapping[str, Any], name: str) -> int | None:

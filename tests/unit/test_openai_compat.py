@@ -22,7 +22,7 @@ from producers.gateway.openai_compat import (
 )
 from schemas import GenerationFinished, Usage, new_id
 from schemas.gateway import ChatTurn
-from schemas.sampling import TokenLogprob, TopLogprob
+from schemas.sampling import Sampling, TokenLogprob, TopLogprob
 
 MODELS = {"large": "SmolLM2-135M-Instruct", "small": "SmolLM2-135M-Instruct"}
 USER = [{"role": "user", "content": "Hi there"}]
@@ -49,7 +49,10 @@ def test_a_plain_request_becomes_history_pool_cap_and_temperature() -> None:
                             ChatTurn("assistant", "Hi!"), ChatTurn("user", "  What is   2+2?  ")]
     assert chat.content == "  What is   2+2?  " and chat.title == "What is 2+2?"
     assert parsed(max_tokens=5, max_completion_tokens=7).max_tokens == 7  # the newer name wins
-    assert parsed().max_tokens is None and parsed().temperature is None and not parsed().stream
+    assert parsed().max_tokens is None and not parsed().stream
+    # OpenAI's defaults when none is named: temperature 1, top_p 1 (the page's own are 0.7 and 0.95)
+    assert parsed().temperature == 1.0 and parsed().sampling == Sampling(top_p=1.0)
+    assert parsed(top_p=0.5).sampling == Sampling(top_p=0.5) and parsed(temperature=0).temperature == 0.0
 
 
 def test_text_parts_are_joined_and_anything_else_is_refused() -> None:
@@ -81,7 +84,7 @@ def test_unsupported_features_get_a_400_naming_the_parameter(param: str, value: 
 def test_defaults_of_unsupported_features_are_accepted() -> None:
     chat = parsed(tools=[], tool_choice="none", logprobs=False, n=1, response_format={"type": "text"},
                   modalities=["text"], stop=None, presence_penalty=0, frequency_penalty=0.0, store=False)
-    assert chat.pool == "large" and chat.sampling is None and chat.n == 1
+    assert chat.pool == "large" and chat.sampling == Sampling(top_p=1.0) and chat.n == 1
 
 
 def test_the_issue_parameter_combination_and_vllm_extensions_are_carried() -> None:

@@ -10,6 +10,7 @@ from producers.gateway.responses_compat import EventStream, State, generation_of
 from producers.gateway.sampling_params import CompatError
 from schemas import GenerationFinished, GenerationQueued, GenerationStarted, TokensAppended, Usage, new_id
 from schemas.gateway import ChatTurn
+from schemas.sampling import Sampling
 
 MODELS = {"large": "Smol", "small": "Smol"}
 
@@ -27,7 +28,8 @@ def test_text_or_message_items_with_instructions_and_options() -> None:
     assert req.instructions == "Answer in French." and req.background and req.store and not req.stream
     assert req.max_output_tokens == 20 and req.temperature == 0.5 and req.sampling.top_p == 0.9
     assert req.sampling.response_format.type == "json_object" and req.echo()["metadata"] == {"k": "v"}
-    assert parsed().input == [ChatTurn("user", "Hi")] and parsed().sampling is None
+    assert parsed().input == [ChatTurn("user", "Hi")] and parsed().sampling == Sampling(top_p=1.0)
+    assert (parsed().echo()["temperature"], parsed().echo()["top_p"]) == (1.0, 1.0)  # OpenAI's defaults, echoed
 
 
 @pytest.mark.parametrize("body, param", [

@@ -14,6 +14,7 @@ from producers.gateway import tool_calls as calls
 from producers.gateway import tools
 from producers.gateway.openai_compat import CompatError, completion, parse
 from schemas import GenerationFinished, Usage, new_id
+from schemas.sampling import Sampling
 
 MODELS = {"large": "SmolLM2-135M-Instruct", "small": "SmolLM2-135M-Instruct"}
 WEATHER = {"type": "function", "function": {
@@ -65,7 +66,7 @@ def test_auto_is_the_default_reads_hermes_blocks_and_stops_after_one_call_withou
 
 def test_none_calls_nothing_and_lists_no_tools() -> None:
     chat = parsed(tools=[WEATHER], tool_choice="none")
-    assert chat.tools is None and chat.sampling is None
+    assert chat.tools is None and chat.sampling == Sampling(top_p=1.0)  # OpenAI's default top_p, no tool call
     assert [t.role for t in chat.history] == ["user"]
 
 
