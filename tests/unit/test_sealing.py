@@ -304,6 +304,16 @@ async def _until(check: Any) -> None:
     raise AssertionError("never")
 
 
+async def _destroyed_and_gone_elsewhere(mine: DataKeys, other: DataKeys, conversation_id: str) -> None:
+    """``mine`` destroys the key; ``other``, following the channel, drops it at once and reads it as gone."""
+    await mine.destroy(conversation_id)
+    await _until(lambda: conversation_id not in other._cache)  # noqa: SLF001
+    with pytest.raises(KeyGone):
+        await other.get(conversation_id)
+    await mine.stop()
+    await other.stop()
+
+
 async def test_a_destruction_heard_drops_the_key_at_once_and_a_live_key_is_kept_long(table: KeyTable,
                                                                                      tmp_path: Path) -> None:
     redis = Channel()
@@ -317,12 +327,7 @@ async def test_a_destruction_heard_drops_the_key_at_once_and_a_live_key_is_kept_
     for _ in range(5):
         await other.get("conv-a")
     assert table.reads == reads + 1  # kept, although cache_s is 0: destructions can be heard
-    await mine.destroy("conv-a")
-    await _until(lambda: "conv-a" not in other._cache)  # noqa: SLF001
-    with pytest.raises(KeyGone):
-        await other.get("conv-a")
-    await mine.stop()
-    await other.stop()
+    await _destroyed_and_gone_elsewhere(mine, other, "conv-a")
 
 
 async def test_a_lost_subscription_forgets_every_key_and_keeps_none_long(table: KeyTable, tmp_path: Path) -> None:
@@ -364,12 +369,7 @@ async def test_a_key_made_elsewhere_is_heard_and_read_without_cassandra_until_it
     await _until(lambda: "conv-b" not in worker._made)  # noqa: SLF001
     with pytest.raises(KeyGone):
         await worker.get("conv-b")
-    await maker.destroy("conv-a")
-    await _until(lambda: "conv-a" not in worker._cache)  # noqa: SLF001
-    with pytest.raises(KeyGone):
-        await worker.get("conv-a")
-    await maker.stop()
-    await worker.stop()
+    await _destroyed_and_gone_elsewhere(maker, worker, "conv-a")
 
 
 async def test_a_key_heard_made_is_not_used_once_the_channel_is_lost(table: KeyTable, tmp_path: Path) -> None:
