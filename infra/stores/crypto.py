@@ -189,13 +189,15 @@ class DataKeys(FollowedCache):
 
     def heard_other(self, channel: str, data: bytes) -> None:
         """A key made elsewhere: kept wrapped until it is first read here, or ``MADE_KEEP_S``."""
-        conversation_id, tenant_id, wrapped = data.split(b"\n", 2)
-        if conversation_id.decode() in self._cache:
+        raw_id, tenant_id, wrapped = data.split(b"\n", 2)
+        conversation_id = raw_id.decode()
+        if conversation_id in self._cache:
             return  # made here
         now = time.monotonic()
-        self._made[conversation_id.decode()] = (now + MADE_KEEP_S, tenant_id.decode(), wrapped)
-        for oldest, (until, _, _) in list(self._made.items()):  # oldest first: drop what expired or overflows
-            if until > now and len(self._made) <= MADE_KEPT_MAX:
+        self._made[conversation_id] = (now + MADE_KEEP_S, tenant_id.decode(), wrapped)
+        while self._made:  # oldest first: drop what expired or overflows (one look when nothing has)
+            oldest = next(iter(self._made))
+            if self._made[oldest][0] > now and len(self._made) <= MADE_KEPT_MAX:
                 break
             del self._made[oldest]
 

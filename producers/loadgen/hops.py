@@ -13,8 +13,6 @@ import contextlib
 import itertools
 from collections.abc import Iterable
 
-from aiokafka import TopicPartition
-
 from producers.loadgen.record import RequestRecord
 from schemas import (
     EventDecodeError,
@@ -27,7 +25,7 @@ from schemas import (
 )
 from schemas.scheduler import LANES
 from topics import Topics
-from topics.clients import make_consumer, topic_partitions
+from topics.clients import assign_at_end, make_consumer
 
 HOPS = ("gateway", "admission", "prompt", "scheduler", "queue", "engine_first_token", "delivery")
 MARKS = (MessageSubmitted, RequestAdmitted, PromptBuilt, GenerationRequested)
@@ -58,13 +56,7 @@ class HopTap:
 
     async def start(self) -> None:
         await self.consumer.start()
-        tps = []
-        for topic in self.topics:
-            tps += [TopicPartition(topic, p) for p in sorted(await topic_partitions(self.consumer, topic))]
-        self.consumer.assign(tps)
-        await self.consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve the end now, so nothing produced after start() is skipped
-            await self.consumer.position(tp)
+        await assign_at_end(self.consumer, self.topics)  # nothing produced after start() is skipped
         self._task = asyncio.create_task(self._run(), name="hop-tap")
 
     async def _run(self) -> None:
