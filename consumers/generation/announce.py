@@ -8,8 +8,8 @@ set (``keys.replicas``); the scheduler reads them to place a generation on a rep
 A conversation's replica is chosen on a ring of the workers, not of partitions, so Kafka moving partitions in a
 rebalance moves no conversation's cache: the next request goes to whichever partition its replica owns now.
 Only a worker joining or leaving changes homes, and only its share. (The group keeps aiokafka's round-robin
-assignor: aiokafka 0.14's sticky assignor keeps its member's last assignment on the class, shared by every
-consumer of a process, and with a class per consumer two members in one process rebalanced without end.)
+assignor, so the partitions themselves move on every join: a sticky assignor that put each worker's partitions
+in its join metadata made the group rebalance without end in the placement test, and was taken out.)
 """
 from __future__ import annotations
 
