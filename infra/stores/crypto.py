@@ -189,12 +189,15 @@ class DataKeys(FollowedCache):
 
     def heard_other(self, channel: str, data: bytes) -> None:
         """A key made elsewhere: kept wrapped until it is first read here, or ``MADE_KEEP_S``."""
-        raw_id, tenant_id, wrapped = data.split(b"\n", 2)
-        conversation_id = raw_id.decode()
+        parts = data.split(b"\n", 2)
+        if len(parts) != 3:
+            return  # not an announcement this version writes: the key is read from Cassandra when needed
+        raw_id, tenant_id, wrapped = parts
+        conversation_id = raw_id.decode(errors="replace")
         if conversation_id in self._cache:
             return  # made here
         now = time.monotonic()
-        self._made[conversation_id] = (now + MADE_KEEP_S, tenant_id.decode(), wrapped)
+        self._made[conversation_id] = (now + MADE_KEEP_S, tenant_id.decode(errors="replace"), wrapped)
         while self._made:  # oldest first: drop what expired or overflows (one look when nothing has)
             oldest = next(iter(self._made))
             if self._made[oldest][0] > now and len(self._made) <= MADE_KEPT_MAX:

@@ -389,6 +389,13 @@ async def test_a_key_heard_made_is_not_used_once_the_channel_is_lost(table: KeyT
     await worker.stop()
 
 
+def test_an_announcement_that_is_not_one_is_ignored(table: KeyTable, tmp_path: Path) -> None:
+    keys = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=Channel())  # type: ignore[arg-type]
+    for data in (b"", b"conv-a", b"conv-a\nu1", b"\xff\xfe\nu1\nwrapped"):
+        keys.heard_message({"type": "message", "channel": KEYS_MADE.encode(), "data": data})
+    assert list(keys._made) == ["\ufffd\ufffd"]  # noqa: SLF001 - only the three-part one is kept; nothing raised
+
+
 def test_only_a_subscription_to_every_channel_counts_as_subscribed(table: KeyTable, tmp_path: Path) -> None:
     keys = DataKeys(table, LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=Channel())  # type: ignore[arg-type]
     keys.heard_message({"type": "subscribe", "channel": KEYS_DESTROYED.encode()})
