@@ -15,6 +15,7 @@ from infra.stores import keys
 
 log = logging.getLogger(__name__)
 EPOCH_TTL_S = 24 * 3600
+STARTED_TTL_S = 900  # the started marker: as long as a reply's tokens can be resumed from the log
 
 
 class Fence:
@@ -25,14 +26,22 @@ class Fence:
     def epoch(self, generation_id: str) -> int:
         return self.epochs.get(generation_id, 0)
 
-    async def take(self, generation_id: str) -> int:
+    async def take(self, generation_id: str, started_ms: int | None = None) -> tuple[int, int | None]:
+        """Take ``generation_id`` on under the next epoch; the epoch and the generation's started marker as it
+        was (None: no owner before this one got as far as its pick-up). With ``started_ms`` the marker is set
+        in the same round trip when there is none (``SET NX``): recovery reads saved tokens only once it is set,
+        so it is set before this worker can append any, and the first token waits on no Redis write."""
         key = keys.generation_epoch(generation_id)
+        started = keys.generation_started(generation_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.incr(key)
             pipe.expire(key, EPOCH_TTL_S)
-            epoch, _ = await pipe.execute()
+            pipe.get(started)
+            if started_ms is not None:
+                pipe.set(started, started_ms, ex=STARTED_TTL_S, nx=True)
+            epoch, _, was, *_ = await pipe.execute()
         self.epochs[generation_id] = int(epoch)
-        return int(epoch)
+        return int(epoch), None if was is None else int(was)
 
     def release(self, generation_id: str) -> None:
         self.epochs.pop(generation_id, None)

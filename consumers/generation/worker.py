@@ -81,6 +81,13 @@ log = logging.getLogger(__name__)
 # Reads chat.control (broadcast) and its own earlier tokens on chat.tokens (recovery), without a group.
 ROLE = Role(GENERATION, reads=(GENERATE, CONTROL, TOKENS), writes=(TOKENS, REPLIES, DEADLETTER))
 CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
+
+
+class _Unread:
+    """The started marker not read yet (a retry reads it again)."""
+
+
+UNREAD = _Unread()
 # Outages a request waits out in place (Kafka's are the producer's timeouts and a recovery read's).
 RETRYABLE: tuple[type[BaseException], ...] = (*STORE_DOWN, KafkaError)
 # A dead worker's hand-over: the group coordinator evicts a member that sent no heartbeat for SESSION_TIMEOUT_MS
@@ -321,11 +328,12 @@ class GenerationWorker:
                 try:
                     await self.appender.settle(req.generation_id)
                     opened = await self._open(req)
+                    started: int | None | _Unread = UNREAD
                     if not self.fence.epoch(req.generation_id):
-                        await self.fence.take(req.generation_id)
+                        _, started = await self.fence.take(req.generation_id, int(picked_at * 1000))
                     elif await self.fence.fenced(req.generation_id):
                         return  # taken over while this worker waited: the new owner serves it
-                    await self._generate_owned(opened, picked_at)
+                    await self._generate_owned(opened, picked_at, started)
                     if began:
                         log.info("generation %s served after waiting %.1f s for a store", req.generation_id,
                                  time.monotonic() - began)
@@ -345,14 +353,15 @@ class GenerationWorker:
             self.fence.release(req.generation_id)
             self.appender.forget(req.generation_id)
 
-    async def _generate_owned(self, req: GenerationRequested, picked_at: float) -> None:
+    async def _generate_owned(self, req: GenerationRequested, picked_at: float,
+                              started: int | None | _Unread = UNREAD) -> None:
         if is_stale(req, picked_at):
             # Older than the token buffer: whatever happened to it can no longer be resumed or shown, and a
             # reply saved for it must not be overwritten (a new consumer group starts from the lane's start).
             log.warning("generation %s skipped: requested %.0f s ago, past the token buffer's %d s",
                         req.generation_id, picked_at - req.at, STALE_REQUEST_S)
             return
-        saved = await self._saved(req)
+        saved = await self._saved(req, started)
         decision = decide(req, self.limits, req.generation_id in self.cancelled, saved)
         if isinstance(decision, Finish):
             await self._finish_early(req, decision, saved)
@@ -363,12 +372,15 @@ class GenerationWorker:
                      decision.first_seq, len(saved.token_ids))
         await self._stream(req, decision, saved, picked_at)
 
-    async def _saved(self, req: GenerationRequested) -> Saved:
-        started_ms = await self.redis.get(keys.generation_started(req.generation_id))
-        if started_ms is None:
+    async def _saved(self, req: GenerationRequested, started: int | None | _Unread = UNREAD) -> Saved:
+        """The tokens an earlier owner (or an earlier try of this one) saved. ``started``: the started marker as
+        taking the generation on found it (None: no owner had picked it up before); read here on a retry."""
+        if isinstance(started, _Unread):
+            raw = await self.redis.get(keys.generation_started(req.generation_id))
+            started = None if raw is None else int(raw)
+        if started is None:
             return Saved()
-        saved = await read_saved(self.settings.kafka_bootstrap, self.topics.tokens, req.generation_id,
-                                 int(started_ms) - 5_000)
+        saved = await read_saved(self.settings.kafka_bootstrap, self.topics.tokens, req.generation_id, started - 5_000)
         saved.chunks = {seq: await self._open(chunk) for seq, chunk in saved.chunks.items()}
         return saved
 
@@ -509,9 +521,8 @@ class GenerationWorker:
 
     async def _started(self, req: GenerationRequested, first_token_at: float, cached: int,
                        resumed: bool) -> asyncio.Future[Any]:
-        """Mark the generation started (recovery reads saved tokens only after this marker) and hand its
-        ``GenerationStarted`` to the producer; the first token goes out behind it without waiting for its ack."""
-        await self.redis.set(keys.generation_started(req.generation_id), int(first_token_at * 1000), ex=900)
+        """Hand the generation's ``GenerationStarted`` to the producer; the first token goes out behind it without
+        waiting for its ack. (The started marker recovery reads was set when the generation was taken on.)"""
         return await enqueue(self.producer, self.topics.tokens, GenerationStarted(
             generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
             message_id=req.message_id, model=self.limits.model, pool=self.limits.pool, worker_id=self.worker_id,

@@ -106,6 +106,7 @@ class PromptBuilder:
                 built = self._build(req, history, summary, user_message)
         if isinstance(built, TooLong):
             return await self._too_long(req, built)
+        built_at = time.perf_counter()
         # 4. Save the user message and the reply's placeholder, claiming the client_message_id beside them.
         placed = await self._save_claimed(req, Placed(turn, user_message, built), history, summary)
         if not isinstance(placed, Placed):
@@ -118,8 +119,9 @@ class PromptBuilder:
                  "kept, summary %s", req.generation_id, placed.turn, len(window.ids), req.pool,
                  self.max_model_len(req.pool), window.max_tokens, window.fitted.turns_kept,
                  window.fitted.summary_used)
-        log.debug("generation %s prompt stage: reads %.1f ms, build+writes+claim %.1f ms", req.generation_id,
-                  (read_at - began) * 1000, (time.perf_counter() - read_at) * 1000)
+        log.debug("generation %s prompt stage: reads %.1f ms, build %.1f ms, writes+claim %.1f ms",
+                  req.generation_id, (read_at - began) * 1000, (built_at - read_at) * 1000,
+                  (time.perf_counter() - built_at) * 1000)
         return outs
 
     async def _drop_late(self, req: RequestAdmitted) -> list[Out]:
