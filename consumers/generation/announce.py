@@ -7,9 +7,8 @@ set (``keys.replicas``); the scheduler reads them to place a generation on a rep
 
 A conversation's replica is chosen on a ring of the workers, not of partitions, so Kafka moving partitions in a
 rebalance moves no conversation's cache: the next request goes to whichever partition its replica owns now.
-Only a worker joining or leaving changes homes, and only its share. (The group keeps aiokafka's round-robin
-assignor, so the partitions themselves move on every join: a sticky assignor that put each worker's partitions
-in its join metadata made the group rebalance without end in the placement test, and was taken out.)
+Only a worker joining or leaving changes homes, and only its share. The partitions themselves stay put too
+(``assignor.py``): a joiner takes its share only from the others, and a leaver's are the only ones to move.
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ Stopping them first matters: the partition's next owner (another worker, or this
 back) re-reads the uncommitted request and resumes the reply from its saved tokens. Without it, two workers
 would append to one generation until the old one met its fence, and a client could be shown the old owner's
 tokens past the point the new owner resumed from. Kafka's eager rebalance revokes every partition, so a worker
-joining or leaving the pool restarts each reply in flight once (from its saved tokens; the prefix cache keeps
-the prompt).
+joining or leaving the pool restarts each reply in flight once (from its saved tokens); the sticky assignor
+(``assignor.py``) gives most partitions back to the same worker, whose prefix cache still holds the prompt.
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
+from consumers.generation import assignor
 from consumers.generation.announce import Announcer
 from consumers.generation.appending import Appender
 from consumers.generation.coalescing import FlushPolicy
@@ -141,7 +142,8 @@ class GenerationWorker:
         self.appender = Appender(settings.kafka_bootstrap, self.worker_id)
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
-            session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS)
+            session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS,
+            partition_assignment_strategy=assignor.strategies(self.worker_id))  # partitions stay put (assignor.py)
         self.redis = aioredis.Redis.from_url(settings.redis_url)
         self.finished = FinishedReplies(self.redis)
         self.quota = Quota.configured(self.redis, plans or load_plans(settings.plans_file), settings)

@@ -1,8 +1,8 @@
 """Replica placement on real Kafka and Redis: workers announce the partitions their group gave them, the
 scheduler's view places a conversation on a replica and a partition it owns, and that worker is the one that
 serves it; past the load cap the request spills to the other replica; a third worker joining takes about its
-share of the conversations and moves no other one, whatever Kafka does with the partitions. The engines are the
-test double."""
+share of the conversations and moves no other one, and takes its partitions only from the other two, which keep
+the rest; a worker leaving moves only its own partitions. The engines are the test double."""
 from __future__ import annotations
 
 import asyncio
@@ -108,6 +108,12 @@ async def test_placement_spill_and_a_join_on_real_kafka(settings: Settings, redi
         joiner = workers["w-c"] = _worker(settings, "w-c")
         runs.append(asyncio.create_task(joiner.run()))
         after = await _settled(redis_client, group, lanes, {"w-a", "w-b", "w-c"})
+        # The partitions too (consumers/generation/assignor.py): the joiner's come only from the others, and
+        # nothing moves between the two that stay.
+        for w in ("w-a", "w-b"):
+            for lane in lanes:
+                assert set(after[w].partitions.get(lane, [])) <= set(announced[w].partitions[lane]), (announced, after)
+        assert all(after["w-c"].partitions.get(lane) for lane in lanes)
         replicas.update(after.values())
         moved = 0
         for i, (conv, home_before) in enumerate(homes.items()):
@@ -121,6 +127,14 @@ async def test_placement_spill_and_a_join_on_real_kafka(settings: Settings, redi
         again = replicas.place(topic, conversation, "g3", list(range(12)))
         assert again is not None and again.placement.replica in (home, "w-c")
         assert await _served_by(settings, topics, topic, again.partition, conversation) == again.placement.replica
+
+        # 4. A worker leaves: only its partitions move; the two that stay keep every one they had.
+        workers["w-a"].stop()
+        await asyncio.wait_for(runs[0], 60)
+        left = await _settled(redis_client, group, lanes, {"w-b", "w-c"})
+        for w in ("w-b", "w-c"):
+            for lane in lanes:
+                assert set(after[w].partitions.get(lane, [])) <= set(left[w].partitions[lane]), (after, left)
     finally:
         for worker in workers.values():
             worker.stop()
