@@ -6,7 +6,8 @@ gives the same figures every time for a seed, whatever else the machine is doing
 Per policy: the prefix-cache hit rate (cached / prompt tokens; and past the shared system prompt, which every
 replica holds whatever the policy), TTFT p50/p99 (arrival -> first token, virtual),
 max/mean of the replicas' mean queues (running + waiting, sampled each virtual second), on the steady load, on
-a skewed one (a few very long conversations) and with a replica leaving half way (its conversations re-homed).
+a skewed one (a few very long conversations), with a replica leaving half way (its conversations re-homed) and
+with a fourth replica joining half way (it should take about its share, a quarter, and nothing else should move).
 Replicas announce their held prefixes each virtual second, as the workers do.
 
     python -m tests.benchmarks.bench_routing [--rate 1.2] [--seconds 600] [--seed 0]
@@ -58,6 +59,9 @@ class Run:
     moved: int = 0  # turns after the leave of conversations last served by the replica that left
     kept: int = 0  # turns after the leave of the others that stayed on their replica
     others: int = 0  # turns after the leave of the others
+    to_joiner: int = 0  # turns after the join of conversations that had a home, placed on the joiner
+    stayed: int = 0  # ... kept on their home
+    between: int = 0  # ... moved between two replicas that were there before the join (spills)
 
     def figures(self) -> dict[str, float | None]:
         means = [statistics.fmean(q) for q in self.queues.values() if q]
@@ -70,10 +74,10 @@ class Run:
 
 
 def simulate(routing: Routing, rate: float, seconds: float, seed: int, skew: bool = False,
-             leave_at: float | None = None) -> Run:
+             leave_at: float | None = None, join_at: float | None = None) -> Run:
     rng = random.Random(seed)
     cores = {f"w{i}": SimCore(SIM, max_num_seqs=SEQS, max_num_batched_tokens=8192) for i in range(REPLICAS)}
-    live = set(cores)
+    live = set(cores) - ({"w3"} if join_at is not None else set())  # a joiner is not there before join_at
     replicas = Replicas(routing, SIM.block_size, random.Random(seed + 1), floor=SEQS // 4)
     run = Run()
     events: list[tuple[float, int, str, Conversation]] = []  # (time, order, kind, conversation)
@@ -109,6 +113,9 @@ def simulate(routing: Routing, rate: float, seconds: float, seed: int, skew: boo
             if leave_at is not None and now >= leave_at and "w3" in live:
                 live.discard("w3")
                 announce(now)
+            if join_at is not None and now >= join_at and "w3" not in live:
+                live.add("w3")
+                announce(now)
             rid = f"{conv.cid}.{conv.done}"
             message = conv.message_tokens if conv.message_tokens > MESSAGE_TOKENS else \
                 max(8, int(rng.expovariate(1 / conv.message_tokens)))
@@ -121,6 +128,10 @@ def simulate(routing: Routing, rate: float, seconds: float, seed: int, skew: boo
             elif leave_at is not None and now >= leave_at and conv.cid in homes:
                 run.others += 1
                 run.kept += homes[conv.cid] == w
+            if join_at is not None and now >= join_at and conv.cid in homes:
+                run.to_joiner += w == "w3" != homes[conv.cid]
+                run.stayed += w == homes[conv.cid]
+                run.between += w not in ("w3", homes[conv.cid])
             homes[conv.cid] = w
             core = cores[w]
             if not core.by_id and core.now < now:
@@ -163,9 +174,14 @@ def main() -> None:
         steady = simulate(routing, args.rate, args.seconds, args.seed)
         skewed = simulate(routing, args.rate, args.seconds, args.seed, skew=True)
         leave = simulate(routing, args.rate, args.seconds, args.seed, leave_at=args.seconds / 2)
+        join = simulate(routing, args.rate, args.seconds, args.seed, join_at=args.seconds / 2)
+        turns = join.to_joiner + join.stayed + join.between
         rows[routing] = {"steady": steady.figures(), "skewed": skewed.figures(),
                          "a replica leaves": {**leave.figures(), "others_kept": f"{leave.kept}/{leave.others}",
-                                              "turns_moved_from_leaver": leave.moved}}
+                                              "turns_moved_from_leaver": leave.moved},
+                         "a replica joins": {**join.figures(), "to_joiner": f"{join.to_joiner}/{turns}",
+                                             "kept": f"{join.stayed}/{turns}",
+                                             "moved_between_others": f"{join.between}/{turns}"}}
         print(routing, json.dumps(rows[routing]), flush=True)
     base = rows["random"]["steady"]
     for routing in ROUTINGS:
