@@ -82,13 +82,6 @@ log = logging.getLogger(__name__)
 # Reads chat.control (broadcast) and its own earlier tokens on chat.tokens (recovery), without a group.
 ROLE = Role(GENERATION, reads=(GENERATE, CONTROL, TOKENS), writes=(TOKENS, REPLIES, DEADLETTER))
 CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
-
-
-class _Unread:
-    """The started marker not read yet (a retry reads it again)."""
-
-
-UNREAD = _Unread()
 # Outages a request waits out in place (Kafka's are the producer's timeouts and a recovery read's).
 RETRYABLE: tuple[type[BaseException], ...] = (*STORE_DOWN, KafkaError)
 # A dead worker's hand-over: the group coordinator evicts a member that sent no heartbeat for SESSION_TIMEOUT_MS
@@ -325,16 +318,18 @@ class GenerationWorker:
         picked_at = time.time()
         self.metrics.picked(req.lane, req.enqueued_at, picked_at)
         delay, began = FIRST_DELAY_S, 0.0
+        started: int | None = None  # the started marker as taking the generation on found it
         try:
             while True:
                 try:
                     await self.appender.settle(req.generation_id)
                     opened = await self._open(req)
-                    started: int | None | _Unread = UNREAD
                     if not self.fence.epoch(req.generation_id):
                         _, started = await self.fence.take(req.generation_id, int(picked_at * 1000))
                     elif await self.fence.fenced(req.generation_id):
                         return  # taken over while this worker waited: the new owner serves it
+                    else:  # a retry: the marker is set now (the first try's own, when none was before it)
+                        started = started if started is not None else int(picked_at * 1000)
                     await self._generate_owned(opened, picked_at, started)
                     if began:
                         log.info("generation %s served after waiting %.1f s for a store", req.generation_id,
@@ -355,8 +350,7 @@ class GenerationWorker:
             self.fence.release(req.generation_id)
             self.appender.forget(req.generation_id)
 
-    async def _generate_owned(self, req: GenerationRequested, picked_at: float,
-                              started: int | None | _Unread = UNREAD) -> None:
+    async def _generate_owned(self, req: GenerationRequested, picked_at: float, started: int | None) -> None:
         if is_stale(req, picked_at):
             # Older than the token buffer: whatever happened to it can no longer be resumed or shown, and a
             # reply saved for it must not be overwritten (a new consumer group starts from the lane's start).
@@ -374,12 +368,9 @@ class GenerationWorker:
                      decision.first_seq, len(saved.token_ids))
         await self._stream(req, decision, saved, picked_at)
 
-    async def _saved(self, req: GenerationRequested, started: int | None | _Unread = UNREAD) -> Saved:
-        """The tokens an earlier owner (or an earlier try of this one) saved. ``started``: the started marker as
-        taking the generation on found it (None: no owner had picked it up before); read here on a retry."""
-        if isinstance(started, _Unread):
-            raw = await self.redis.get(keys.generation_started(req.generation_id))
-            started = None if raw is None else int(raw)
+    async def _saved(self, req: GenerationRequested, started: int | None) -> Saved:
+        """The tokens an earlier owner (or an earlier try of this one) saved, read from ``started``, the started
+        marker (None: nothing can have been appended yet)."""
         if started is None:
             return Saved()
         saved = await read_saved(self.settings.kafka_bootstrap, self.topics.tokens, req.generation_id, started - 5_000)
