@@ -3,7 +3,9 @@ Kafka assigned it, how many requests it holds, and (the simulated engine) the pr
 
 Written to Redis (``keys.replica``, expiring after ``keys.REPLICA_TTL_S``) with the worker's id in the pool's
 set (``keys.replicas``); the scheduler reads them to place a generation on a replica, not just a partition
-(``consumers/scheduler/placement.py``). One SET and one SADD a second per worker; nothing per token.
+(``consumers/scheduler/placement.py``). The same round trip renews the worker's alive key, by which the readers
+of its generations tell a slow step from a dead worker. Three writes in one pipeline a second per worker;
+nothing per token.
 
 A conversation's replica is chosen on a ring of the workers, not of partitions, so Kafka moving partitions in a
 rebalance moves no conversation's cache: the next request goes to whichever partition its replica owns now.
@@ -66,13 +68,15 @@ class Announcer:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.replica(self.group, self.worker_id), msgspec.json.encode(event), ex=keys.REPLICA_TTL_S)
             pipe.sadd(keys.replicas(self.group), self.worker_id)
+            pipe.set(keys.worker_alive(self.worker_id), "1", ex=keys.WORKER_ALIVE_TTL_S)
             await pipe.execute()
 
     async def run(self) -> None:
         """Beat until cancelled, then withdraw: the scheduler stops placing on this worker at once."""
         try:
             while True:
-                with contextlib.suppress(RedisError):  # a missed beat: the last one stands until it expires
+                # A missed beat: the last one stands until it expires (a reader shows `recovering` early at worst).
+                with contextlib.suppress(RedisError):
                     await self.once()
                 await asyncio.sleep(ANNOUNCE_EVERY_S)
         finally:

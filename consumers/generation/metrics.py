@@ -7,7 +7,10 @@ divided by the replies they made (``sum(rate(parley_worker_cost_usd_total)) / su
 """
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -106,6 +109,20 @@ class WorkerMetrics:
                 gauge = self._sim[name] = Gauge(f"parley_worker_sim_{name}", f"simulated engine: {name}", ["pool"],
                                                 registry=self.registry).labels(pool=self.pool)
             gauge.set(value)
+
+    async def watch(self, engine: Any, active: Callable[[], int], every_s: float = 1.0) -> None:
+        """Until cancelled: the engine's own figures (running, waiting, KV use; the simulator's accounts) and the
+        busy time so far, each ``every_s``."""
+        while True:
+            stats = engine.stats()
+            self.running.set(stats.get("running", active()))
+            self.waiting.set(stats.get("waiting", 0))
+            self.kv_usage.set(stats.get("kv_cache_usage", 0.0))
+            sim_stats = getattr(engine, "sim_stats", None)
+            if sim_stats is not None:
+                self.simulated(sim_stats())
+            self.flush_busy()
+            await asyncio.sleep(every_s)
 
     def _add_busy(self, seconds: float) -> None:
         self.busy.inc(seconds)

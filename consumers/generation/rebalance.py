@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from consumers.generation import appending
+from consumers.generation.intake import partition_prefix
 
 if TYPE_CHECKING:
     from consumers.generation.worker import GenerationWorker
@@ -30,9 +31,9 @@ class Rebalance(ConsumerRebalanceListener):
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.worker.commit()
+        await self.worker.intake.commit()
         await let_go(self.worker.active, set(revoked), self.worker.producer, self.worker.worker_id)
-        self.worker.tracker.forget(set(revoked))
+        self.worker.intake.forget(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("worker %s assigned %s", self.worker.worker_id, sorted(f"{t.topic}[{t.partition}]" for t in assigned))
@@ -42,7 +43,7 @@ async def let_go(active: dict[str, asyncio.Task[None]], revoked: set[TopicPartit
                  worker_id: str) -> None:
     """Stop every generation in ``active`` (keyed ``topic:partition:offset``) whose request is on a revoked
     partition, and wait until none of them can append again."""
-    prefixes = tuple(f"{tp.topic}:{tp.partition}:" for tp in revoked)
+    prefixes = tuple(partition_prefix(tp) for tp in revoked)
     tasks = [task for key, task in active.items() if key.startswith(prefixes) and not task.done()]
     if not tasks:
         return

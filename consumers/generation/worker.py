@@ -23,15 +23,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from redis.exceptions import RedisError
 
 from consumers.generation import assignor
 from consumers.generation.announce import Announcer
 from consumers.generation.appending import Appender
+from consumers.generation.cancels import Cancels
 from consumers.generation.coalescing import FlushPolicy
 from consumers.generation.decisions import (
     STALE_REQUEST_S,
@@ -45,8 +44,9 @@ from consumers.generation.decisions import (
 )
 from consumers.generation.engine import EngineDead
 from consumers.generation.fencing import Fence
+from consumers.generation.finishing import Finisher
+from consumers.generation.intake import Intake, request_key
 from consumers.generation.metrics import WorkerMetrics
-from consumers.generation.offsets import OffsetTracker
 from consumers.generation.rebalance import Rebalance
 from consumers.generation.recovery import Saved, read_saved
 from consumers.generation.reply_stream import ReplyStream
@@ -56,32 +56,25 @@ from consumers.safety.metrics import SafetyMetrics
 from consumers.safety.output import OutputCheck, OutputGuard
 from infra.config.plans import Plan, load_plans
 from infra.config.settings import Settings
-from infra.stores import keys
 from infra.stores.crypto import KeyGone
 from infra.stores.finished import FinishedReplies
 from infra.stores.quota import Quota
 from infra.stores.retry import FIRST_DELAY_S, MAX_DELAY_S, STORE_DOWN, dependency_of
 from infra.stores.sealing import Sealer, is_sealed
 from schemas import (
-    CancelRequested,
     GenerationRequested,
     GenerationStarted,
     TokensAppended,
-    Usage,
-    decode,
     keyless,
 )
-from schemas.errors import EventDecodeError
 from schemas.generation import Status
 from topics import GENERATE, Role, Topics
 from topics.catalogue import CONTROL, DEADLETTER, GENERATION, REPLIES, TOKENS
 from topics.clients import decode_or_deadletter, enqueue, make_consumer
-from topics.replay import open_reader
 
 log = logging.getLogger(__name__)
 # Reads chat.control (broadcast) and its own earlier tokens on chat.tokens (recovery), without a group.
 ROLE = Role(GENERATION, reads=(GENERATE, CONTROL, TOKENS), writes=(TOKENS, REPLIES, DEADLETTER))
-CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
 # Outages a request waits out in place (Kafka's are the producer's timeouts and a recovery read's).
 RETRYABLE: tuple[type[BaseException], ...] = (*STORE_DOWN, KafkaError)
 # A dead worker's hand-over: the group coordinator evicts a member that sent no heartbeat for SESSION_TIMEOUT_MS
@@ -123,12 +116,11 @@ class GenerationWorker:
         self.topics = Topics(settings.topic_prefix)
         self.group = self.topics.group(GENERATION, limits.pool)
         self.paid, self.free = self.topics.generate(limits.pool, "paid"), self.topics.generate(limits.pool, "free")
-        self.tracker = OffsetTracker()
         self.metrics = WorkerMetrics(limits.pool, settings.gpu_hour_usd, settings.gpus_per_worker)
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
         self.safety = None if classifier is None else OutputCheck(classifier, SafetyMetrics.of(self.metrics.registry))
         self.active: dict[str, asyncio.Task[None]] = {}
-        self.cancelled: dict[str, float] = {}  # generation_id -> when the cancel was heard
+        self.cancels = Cancels(lambda gid: self.engine.abort(gid))  # heard on chat.control, maybe before their request
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         self.engine_failure: EngineDead | None = None  # set when the engine died: the worker exits non-zero
@@ -137,10 +129,12 @@ class GenerationWorker:
             settings.kafka_bootstrap, group_id=self.group, max_poll_interval_ms=600_000,
             session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS,
             partition_assignment_strategy=assignor.strategies(self.worker_id))  # partitions stay put (assignor.py)
+        self.intake = Intake(self.consumer, self.paid, self.free)
         self.redis = aioredis.Redis.from_url(settings.redis_url)
-        self.finished = FinishedReplies(self.redis)
         self.quota = Quota.configured(self.redis, plans or load_plans(settings.plans_file), settings)
         self.fence = Fence(self.redis)
+        self.finisher = Finisher(limits, self.worker_id, self.topics, self.appender, self.fence, self.quota,
+                                 FinishedReplies(self.redis), self.metrics, self._seal)
 
     @property
     def producer(self) -> Any:
@@ -161,9 +155,9 @@ class GenerationWorker:
         await self.consumer.start()
         if self.metrics_port is not None:
             self.metrics_port = self.metrics.serve(self.metrics_port, self.metrics_host)
-        control = asyncio.create_task(self._control_loop(), name="control")
-        stats = asyncio.create_task(self._stats_loop(), name="stats")
-        alive = asyncio.create_task(self._alive_loop(), name="alive")
+        control = asyncio.create_task(self.cancels.follow(self.settings.kafka_bootstrap, self.topics.control),
+                                      name="control")
+        stats = asyncio.create_task(self.metrics.watch(self.engine, lambda: len(self.active)), name="stats")
         announce = asyncio.create_task(Announcer(self.redis, self.group, self.worker_id, self.consumer, self.engine,
                                                  lambda: len(self.active), self.stand_in_from).run(), name="announce")
         log.info("worker %s serving pool %s, capacity %d, metrics on port %s", self.worker_id, self.limits.pool,
@@ -175,7 +169,6 @@ class GenerationWorker:
         finally:
             control.cancel()
             stats.cancel()
-            alive.cancel()
             announce.cancel()
             await asyncio.gather(announce, return_exceptions=True)  # withdrawn before the store closes
             await self._shutdown()
@@ -198,82 +191,32 @@ class GenerationWorker:
         for task in list(self.active.values()):
             task.cancel()  # not finished: left uncommitted for the next owner to resume
         await asyncio.gather(*self.active.values(), return_exceptions=True)
-        await self.commit()
+        await self.intake.commit()
         await self.consumer.stop()
         await self.producer.stop()
         await self.redis.aclose()
 
-    # -- fetching: paid lane first, never more than the engine batches -----------------------------------
+    # -- fetching: paid lane first, never more than the engine batches (intake.py) -------------------------
     async def _fetch_loop(self) -> None:
         while not self._stopping.is_set():
             slots = self.capacity - len(self.active)
             if slots <= 0:
-                self.consumer.pause(*self.consumer.assignment())
+                self.intake.hold()
                 self._slot_freed.clear()
                 await _wait_any(self._slot_freed, self._stopping, timeout=1.0)
-                await self.commit()
+                await self.intake.commit()
                 continue
-            self.consumer.resume(*self.consumer.assignment())
-            try:
-                polled = await self._poll(slots)
-            except (AssertionError, KafkaError) as exc:  # a rebalance moved partitions mid-poll: poll again
-                log.info("poll interrupted by a rebalance: %s", type(exc).__name__)
-                await asyncio.sleep(0.05)
-                continue
-            for tp, record in polled:
-                key = f"{tp.topic}:{tp.partition}:{record.offset}"
-                self.tracker.started(tp, record.offset)
+            for tp, record in await self.intake.take(slots):
+                key = request_key(tp, record.offset)
                 if key in self.active:
                     continue  # re-fetched after a rebalance while still running here: one task per request
                 self.active[key] = asyncio.create_task(self._serve(tp, record))
                 self.metrics.active(len(self.active))
-            await self.commit()
-
-    async def _poll(self, slots: int) -> list[tuple[TopicPartition, Any]]:
-        assignment = self.consumer.assignment()
-        paid = [tp for tp in assignment if tp.topic == self.paid]
-        free = [tp for tp in assignment if tp.topic == self.free]
-        if paid:
-            got = await self.consumer.getmany(*paid, timeout_ms=0, max_records=slots)
-            if not got and await self._paid_waiting(paid):
-                # Paid records may exist but are not fetched yet: hold the free lane until the paid
-                # lane is known to be empty, however slow the fetch (a busy machine, a fresh start).
-                self.consumer.pause(*free)
-                return self._paid_first(await self.consumer.getmany(*paid, timeout_ms=50, max_records=slots))
-            if got:
-                return self._paid_first(got)
-        if not paid and not free:
-            await asyncio.sleep(0.05)  # no partitions yet: the group is still assigning them
-            return []
-        # The paid lane is drained: wait on both lanes at once, so whichever record comes first is picked
-        # up the moment its fetch answers (a paid record arriving now is not held behind a free-lane wait).
-        self.consumer.resume(*free)
-        return self._paid_first(await self.consumer.getmany(*paid, *free, timeout_ms=200, max_records=slots))
-
-    def _paid_first(self, got: dict[TopicPartition, list[Any]]) -> list[tuple[TopicPartition, Any]]:
-        order = sorted(got.items(), key=lambda i: (i[0].topic != self.paid, i[0].partition))
-        return [(tp, r) for tp, records in order for r in records]
-
-    async def _paid_waiting(self, paid: list[TopicPartition]) -> bool:
-        for tp in paid:
-            high = self.consumer.highwater(tp)
-            if high is None or high > await self.consumer.position(tp):
-                return True  # unknown until the first fetch answers: assume paid work may be there
-        return False
-
-    async def commit(self) -> None:
-        offsets = self.tracker.committable()
-        if not offsets:
-            return
-        try:
-            await self.consumer.commit(offsets)  # type: ignore[arg-type]
-            self.tracker.mark_committed(offsets)
-        except Exception as exc:  # noqa: BLE001 - a failed commit is retried on the next pass
-            log.warning("commit failed, will retry: %s", exc)
+            await self.intake.commit()
 
     # -- one request -------------------------------------------------------------------------------------
     async def _serve(self, tp: TopicPartition, record: Any) -> None:
-        key = f"{tp.topic}:{tp.partition}:{record.offset}"
+        key = request_key(tp, record.offset)
         done = True
         try:
             req = await decode_or_deadletter(record, self.producer, self.topics, self.group, (GenerationRequested,))
@@ -296,7 +239,7 @@ class GenerationWorker:
             log.exception("request at %s failed outside the engine", key)
         finally:
             if done:
-                self.tracker.finished(tp, record.offset)
+                self.intake.finished(tp, record.offset)
             self.active.pop(key, None)
             self.metrics.active(len(self.active))
             self._slot_freed.set()
@@ -358,9 +301,9 @@ class GenerationWorker:
                         req.generation_id, picked_at - req.at, STALE_REQUEST_S)
             return
         saved = await self._saved(req, started)
-        decision = decide(req, self.limits, req.generation_id in self.cancelled, saved)
+        decision = decide(req, self.limits, req.generation_id in self.cancels, saved)
         if isinstance(decision, Finish):
-            await self._finish_early(req, decision, saved)
+            await self.finisher.early(req, decision, saved)
             return
         if decision.resumed:
             self.metrics.recoveries.inc()
@@ -384,11 +327,8 @@ class GenerationWorker:
         return await self.sealer.seal(event) if self.sealer and event.generation_id in self.sealing else event
 
     async def _deleted(self, req: GenerationRequested) -> None:
-        """The conversation was deleted: end the reply now, with nothing in it (nothing left to seal it with)."""
         await self.engine.abort(req.generation_id)
-        log.info("generation %s stopped: its conversation was deleted", req.generation_id)
-        await self._finish(finished_event(req, self.limits, self.worker_id, "stopped", "", Usage(), -1,
-                                          "conversation deleted"))
+        await self.finisher.deleted(req)
 
     async def _stream(self, req: GenerationRequested, gen: Generate, saved: Saved, picked_at: float) -> None:
         """Run the reply on the engine and write its records; the reply's state (what was gathered, numbered,
@@ -403,7 +343,7 @@ class GenerationWorker:
             if ran is None:
                 return  # fenced off: the newer owner finishes it
             blocked = ran.blocked
-            status, reason = status_for(ran.finish_reason, req.generation_id in self.cancelled), ""
+            status, reason = status_for(ran.finish_reason, req.generation_id in self.cancels), ""
         except asyncio.CancelledError:
             raise
         except RETRYABLE:  # a store, not the engine: stop here; the request is served again once it is back
@@ -435,7 +375,7 @@ class GenerationWorker:
         async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
                                               gen.priority, sampling):
             now = time.time()
-            if req.generation_id in self.cancelled:
+            if req.generation_id in self.cancels:
                 await self.engine.abort(req.generation_id)  # the cancel raced the engine's admission
             took = state.took(out, now)
             if took.first:
@@ -453,7 +393,7 @@ class GenerationWorker:
                 self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane).inc(took.tokens)
             # What the safety check reads is in records before it decides (held back or already shown, as
             # the plan says); a finish or a cancel goes out at once.
-            if state.due(now, urgent=out.finished or check or req.generation_id in self.cancelled):
+            if state.due(now, urgent=out.finished or check or req.generation_id in self.cancels):
                 await self._flush(req, state, now, guard, pending)
             if took.gap_s is not None:
                 self.metrics.itl.observe(took.gap_s)
@@ -483,7 +423,7 @@ class GenerationWorker:
             status, block = "blocked", end.blocked.block("output")
             state.retracted(notice)
             reason = f"output check: {block.category} ({block.score:.2f}), rules {block.rules_version}"
-        await self._finish(finished_event(req, self.limits, self.worker_id, status, state.reply, state.usage(),
+        await self.finisher.finish(finished_event(req, self.limits, self.worker_id, status, state.reply, state.usage(),
                                           state.last_seq, reason, picked_at, state.first_token_at, block))
 
     async def _flush(self, req: GenerationRequested, state: ReplyStream, now: float, guard: OutputGuard | None,
@@ -521,106 +461,6 @@ class GenerationWorker:
             message_id=req.message_id, model=self.limits.model, pool=self.limits.pool, worker_id=self.worker_id,
             first_token_at=first_token_at, prompt_tokens=len(req.prompt_token_ids), cached_prompt_tokens=cached,
             resumed=resumed, epoch=self.fence.epoch(req.generation_id)), key=req.generation_id)
-
-    async def _finish_early(self, req: GenerationRequested, decision: Finish, saved: Saved) -> None:
-        if saved.finished is not None:
-            # The previous owner finished but lost the request before committing: announce the same finish again
-            # on the replies topic (its readers skip duplicates); chat.tokens already has it. Under this owner's
-            # epoch: taking the generation over fenced the old one's, and settlement and persistence ignore a
-            # finish from a fenced owner, so the reply would stay 'generating' with its tokens reserved.
-            again = msgspec.structs.replace(saved.finished, epoch=self.fence.epoch(req.generation_id))
-            await self._landed(req.generation_id, [await enqueue(self.producer, self.topics.replies, again,
-                                                                 key=req.conversation_id)])
-            return
-        if decision.status == "failed":
-            self.metrics.failures.inc()
-            log.warning("generation %s refused: %s", req.generation_id, decision.reason)
-        # A request that never reached the engine read no prompt: only a reply a previous worker started has one.
-        usage = Usage(prompt_tokens=len(req.prompt_token_ids) if saved.started else 0,
-                      completion_tokens=len(saved.token_ids))
-        await self._finish(finished_event(req, self.limits, self.worker_id, decision.status, saved.text, usage,
-                                          saved.next_seq - 1, decision.reason))
-
-    async def _finish(self, event: Any) -> None:
-        if await self.fence.fenced(event.generation_id):
-            return  # the newer owner finishes it
-        event = msgspec.structs.replace(event, epoch=self.fence.epoch(event.generation_id))
-        if event.purpose == "reply" and event.status == "failed" and not (event.usage.prompt_tokens
-                                                                         or event.usage.completion_tokens):
-            await self.quota.release(event.generation_id, "worker")  # no engine read it: costs nothing
-        elif event.purpose == "reply":  # failed in the engine too: settlement charges what the engine did
-            # Before anyone sees its end: a client that sends the next request once this one ends must find
-            # the slot free (an OpenAI client asking n=2 twice in a row was refused 429 while settlement lagged).
-            await self.quota.free_slot(event.user_id, event.generation_id)
-        try:
-            event = await self._seal(event)
-        except KeyGone:
-            event = msgspec.structs.replace(event, text="")  # deleted meanwhile: the finish carries no text
-        if event.purpose == "reply":
-            await self.finished.put(event)  # readable (sealed like the event) before anyone sees its end
-        # chat.tokens first: a recovering worker treats a finish there as final.
-        await self._landed(event.generation_id, [await enqueue(self.producer, self.topics.tokens, event,
-                                                               key=event.generation_id)])
-        await self._landed(event.generation_id, [await enqueue(self.producer, self.topics.replies, event,
-                                                               key=event.conversation_id)])
-        if event.status == "failed":
-            self.metrics.failures.inc()
-        self.metrics.replies.labels(pool=self.limits.pool, status=event.status).inc()
-        log.info("generation %s %s: %d prompt / %d completion tokens, %d cached", event.generation_id,
-                 event.status, event.usage.prompt_tokens, event.usage.completion_tokens,
-                 event.usage.cached_prompt_tokens, extra={
-                     "generation_id": event.generation_id, "conversation_id": event.conversation_id,
-                     "user_id": event.user_id, "pool": self.limits.pool, "status": event.status,
-                     "worker_id": self.worker_id, "prompt_tokens": event.usage.prompt_tokens,
-                     "completion_tokens": event.usage.completion_tokens,
-                     "cached_prompt_tokens": event.usage.cached_prompt_tokens})
-
-    # -- cancels -----------------------------------------------------------------------------------------
-    async def _control_loop(self) -> None:
-        # Every partition, from the cancels of the last CANCEL_MEMORY_S on: a cancel may precede its request.
-        reader = await open_reader(self.settings.kafka_bootstrap, self.topics.control,
-                                   since_ms=int((time.time() - CANCEL_MEMORY_S) * 1000))
-        try:
-            async for record in reader.consumer:
-                await self._on_control(record)
-        finally:
-            await reader.close()
-
-    async def _on_control(self, record: Any) -> None:
-        try:
-            event = decode(record.value, (CancelRequested,))
-        except EventDecodeError:
-            return  # the dead-letter copy is made by the control topic's producers' tests, not by every worker
-        if not isinstance(event, CancelRequested):
-            return
-        gid = event.generation_id
-        self.cancelled[gid] = time.time()
-        await self.engine.abort(gid)
-        self._forget_old_cancels()
-
-    def _forget_old_cancels(self) -> None:
-        horizon = time.time() - CANCEL_MEMORY_S
-        for gid in [g for g, at in self.cancelled.items() if at < horizon]:
-            del self.cancelled[gid]
-
-    async def _alive_loop(self) -> None:
-        """Readers of this worker's generations tell a slow step from a dead worker by this key."""
-        while True:
-            with contextlib.suppress(RedisError):  # a missed beat only shows `recovering` early
-                await self.redis.set(keys.worker_alive(self.worker_id), "1", ex=keys.WORKER_ALIVE_TTL_S)
-            await asyncio.sleep(1.0)
-
-    async def _stats_loop(self) -> None:
-        while True:
-            stats = self.engine.stats()
-            self.metrics.running.set(stats.get("running", len(self.active)))
-            self.metrics.waiting.set(stats.get("waiting", 0))
-            self.metrics.kv_usage.set(stats.get("kv_cache_usage", 0.0))
-            sim_stats = getattr(self.engine, "sim_stats", None)
-            if sim_stats is not None:
-                self.metrics.simulated(sim_stats())
-            self.metrics.flush_busy()
-            await asyncio.sleep(1.0)
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
