@@ -107,8 +107,12 @@ class Persistence:
             rules_version=e.block.rules_version if e.block else None))
         await self._save_generation(e)
         if e.text.strip():  # no reply text: the conversation does not move up, nor enter the list
-            # The OpenAI endpoints make their conversations unlisted: the first reply lists it, none to take away.
-            await self.conversations.touch(conv, finished_at, listed=not (conv.source == "api" and e.turn == 0))
+            if conv.source == "api" and e.turn == 0:
+                # Made unlisted by the OpenAI endpoints for this call: listed where it was made, its own row as it
+                # is (one statement; moving it up would add the row's update for seconds of difference).
+                await self.conversations.list_where_made(conv)
+            else:
+                await self.conversations.touch(conv, finished_at)
         if page:
             await self._index(e, turn.get(e.parent_id) if e.parent_id else None)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,

@@ -132,11 +132,15 @@ class FakeConversations:
         self.conversations = {c.conversation_id: c for c in conversations}
         self.messages: dict[tuple[str, int, str], Message] = {}
         self.touched: list[tuple[str, datetime, str | None]] = []
+        self.listed_as_made: list[str] = []
 
     async def get(self, conversation_id: str) -> Conversation | None:
         return self.conversations.get(conversation_id)
 
-    async def touch(self, conv: Conversation, at: datetime, title: str | None = None, listed: bool = True) -> None:
+    async def list_where_made(self, conv: Conversation) -> None:
+        self.listed_as_made.append(conv.conversation_id)
+
+    async def touch(self, conv: Conversation, at: datetime, title: str | None = None) -> None:
         self.touched.append((conv.conversation_id, at, title))
         self.conversations[conv.conversation_id] = dataclasses.replace(
             conv, updated_at=at, title=title if title is not None else conv.title)

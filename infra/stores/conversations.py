@@ -101,8 +101,8 @@ class Conversations:
 
     async def create(self, user_id: str, model: str | None = None, title: str | None = None,
                      source: str = "page", listed: bool = True) -> Conversation:
-        """A new conversation and its data key; ``listed=False``: not in the list until ``touch`` (its first reply
-        with text) puts it there, or never for a no-retention plan."""
+        """A new conversation and its data key; ``listed=False``: not in the list until its first reply with text
+        puts it there (``touch``, or ``list_where_made`` for an OpenAI call's), or never for a no-retention plan."""
         now = datetime.now(UTC)
         conv = Conversation(new_id(), user_id, title, model, now, source)
         if self.sealer is not None:
@@ -165,9 +165,8 @@ class Conversations:
         return bool(rows) and not rows[0].deleted and rows[0].user_id == user_id
 
     async def touch(self, conv: Conversation, at: datetime, title: str | None = None,
-                    model: str | None = None, listed: bool = True) -> Conversation:
-        """Move a conversation to the top of its owner's list (and optionally retitle it). ``listed=False``: it
-        has no list row yet (made unlisted, its first reply): none to take away."""
+                    model: str | None = None) -> Conversation:
+        """Move a conversation to the top of its owner's list (and optionally retitle it)."""
         before = _utc(conv.updated_at)
         at = max(_utc(at), before)
         new = Conversation(conv.conversation_id, conv.user_id, title or conv.title, model or conv.model, at,
@@ -181,7 +180,7 @@ class Conversations:
         listing: list[tuple[str, tuple[Any, ...]]] = [(
             "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
             "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, sealed, new.model, conv.source))]
-        if listed and _ms(at) != _ms(before):
+        if _ms(at) != _ms(before):
             listing.append(("DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? "
                             "AND conversation_id = ?", (conv.user_id, before, conv.conversation_id)))
         writes = [
@@ -196,6 +195,16 @@ class Conversations:
         # back here: it cost every reply a statement for a race the list already answers.
         await asyncio.gather(*writes)
         return new
+
+    async def list_where_made(self, conv: Conversation) -> None:
+        """List a conversation made unlisted (an OpenAI call's, once its reply has text) at the time it was made,
+        which its own row still holds: one statement, and no update of that row (moving it to the top would cost
+        the row's update; it was made seconds ago). A later ``touch`` takes this list row away as usual."""
+        await self.db.execute(
+            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, _utc(conv.updated_at), conv.conversation_id,
+                                          await self._seal(conv.conversation_id, conv.title), conv.model,
+                                          conv.source))
 
     async def rename(self, conv: Conversation, title: str) -> None:
         """A new title, in place: the list keeps its order. A conversation not listed yet is listed now, as one

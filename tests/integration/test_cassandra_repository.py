@@ -89,12 +89,16 @@ async def test_api_conversations_are_listed_only_when_asked_for(db) -> None:  # 
     await convs.mark_deleted(touched)
     assert await convs.get(touched.conversation_id) is None
     assert len((await convs.list_for_user(user, limit=10, source="api"))[0]) == 3
-    # Made unlisted (as the OpenAI endpoints make theirs): its first reply's touch writes its one list row.
+    # Made unlisted (as the OpenAI endpoints make theirs): its first reply writes its one list row, where it was
+    # made, with its title; a later touch moves it up and leaves no second row.
     unlisted = await convs.create(user, title="api call", source="api", listed=False)
     assert unlisted.conversation_id not in {c.conversation_id for c in (await convs.list_for_user(
         user, limit=10, source="api"))[0]}
-    await convs.touch(unlisted, datetime.now(UTC) + timedelta(seconds=6), listed=False)
-    assert (await convs.list_for_user(user, limit=1, source="api"))[0][0].conversation_id == unlisted.conversation_id
+    await convs.list_where_made(unlisted)
+    [first] = (await convs.list_for_user(user, limit=1, source="api"))[0]
+    assert (first.conversation_id, first.title) == (unlisted.conversation_id, "api call")
+    assert first.updated_at == (await convs.get(unlisted.conversation_id)).updated_at  # type: ignore[union-attr]
+    await convs.touch(unlisted, datetime.now(UTC) + timedelta(seconds=6))
     assert await convs.unlist(user, unlisted.conversation_id) == 1
 
 

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.integration
 PER_CHAT_MESSAGE = 18  # the first of a conversation: its title is asked for, saved and indexed too (16; no key
 #   read: the stages and workers heard the key made)
 PER_FOLLOW_UP = 13  # 11: the data key and the owner are read once per process while deletions can be heard
-PER_OPENAI_REQUEST = 11  # 10: no history read, no placeholder (the conversation is made for the call), no key read
+PER_OPENAI_REQUEST = 10  # 9: no history read, no placeholder (the conversation is made for the call), no key read,
+#   listed where it was made (no update of its row)
 # Kafka records a request writes besides its token records (docs/performance.md, "Kafka records per request").
 # Each: chat.requests, .admitted, .prompts, generate.<pool>.<lane>, chat.replies, usage, and the plan-minute
 # rollup's repartition and changelog records; the first message adds its title's request and finish (10, 8, 8).

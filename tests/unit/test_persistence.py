@@ -53,12 +53,15 @@ async def test_an_api_conversation_is_saved_but_neither_indexed_nor_titled() -> 
     assert await p.handle(finished()) == []  # no title request
     assert convs.messages[("c", 0, "g1")].content == "Paris." and records.generations["g1"]["status"] == "complete"
     assert index.indexed == []
+    # Made unlisted for the call: its first reply lists it where it was made, and does not update its row.
+    assert convs.listed_as_made == ["c"] and convs.touched == []
     page_convs = FakeConversations(conversation())
     page_convs.messages[("c", 0, "um")] = dataclasses.replace(convs.messages[("c", 0, "g1")], message_id="um",
                                                               role="user", content="Capital?")
     page = Persistence(page_convs, FakeRecords(), FakeRedis(), Topics("t."), lambda m: [1],  # type: ignore[arg-type]
                        search=index)
     assert len(await page.handle(finished())) == 1 and index.indexed == ["um", "g1"]  # a page one is both
+    assert page_convs.touched[0][0] == "c" and page_convs.listed_as_made == []  # and moves up
 
 
 async def test_a_titled_conversation_or_a_reply_with_no_text_asks_for_no_title() -> None:

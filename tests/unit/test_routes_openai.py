@@ -80,6 +80,29 @@ async def test_a_whole_stream_is_role_deltas_finish_usage_done(cancels: list[str
     assert cancels == [] and job.gw.relay.unsubscribed == [gid]  # type: ignore[attr-defined]
 
 
+async def test_a_record_of_several_tokens_is_one_chunk_with_a_logprob_per_token(cancels: list[str]) -> None:
+    """A flush window's record (three tokens) streams as one chunk: its whole text, and one logprob entry per token
+    in order, as OpenAI's clients add them up; the next record's tokens follow in the next chunk."""
+    from schemas.sampling import TokenLogprob, TopLogprob
+
+    gid = new_id()
+    lp = [TokenLogprob(t, -0.5 * (i + 1), [TopLogprob(t, -0.5 * (i + 1))]) for i, t in enumerate(["Hel", "lo", ","])]
+    job = job_with(
+        TokensAppended(**ids(gid), seq=0, text="Hello,", token_ids=[1, 2, 3], logprobs=lp),
+        TokensAppended(**ids(gid), seq=1, text=" world", token_ids=[4], logprobs=[TokenLogprob(" world", -0.1, [])]),
+        GenerationFinished(**ids(gid), plan="paid", message_id="m", status="complete", text="Hello, world",
+                           usage=Usage(prompt_tokens=9, completion_tokens=4), model="Served", pool="large",
+                           worker_id="w"))
+    out = payloads([line async for line in routes_openai._chunks([job], include_usage=False)])
+    first, second = out[1]["choices"][0], out[2]["choices"][0]
+    assert first["delta"] == {"content": "Hello,"} and second["delta"] == {"content": " world"}
+    assert [e["token"] for e in first["logprobs"]["content"]] == ["Hel", "lo", ","]
+    assert [e["logprob"] for e in first["logprobs"]["content"]] == [-0.5, -1.0, -1.5]
+    assert [e["token"] for e in second["logprobs"]["content"]] == [" world"]
+    assert "".join(e["token"] for c in (first, second) for e in c["logprobs"]["content"]) == "Hello, world"
+    assert out[3]["choices"][0]["finish_reason"] == "stop" and out[-1] == "[DONE]"
+
+
 async def test_leaving_before_the_end_cancels_once(cancels: list[str]) -> None:
     gid = new_id()
     job = job_with(TokensAppended(**ids(gid), seq=0, text="Once", token_ids=[1]))
