@@ -5,6 +5,10 @@ worker keeps, per generation, when each event was made: ``MessageSubmitted`` (ga
 (admission), ``PromptBuilt`` (prompt build), ``GenerationRequested`` (scheduler), and from
 ``GenerationFinished`` the worker's pick-up and first token. With the client's send and first delta these
 make the hops below; each process stamps with its own clock, which here is one machine's.
+
+The tap also keeps when each token record was handed to Kafka (the record's own timestamp, read without decoding
+it), per generation: the gaps between them are the stream as the worker wrote it, so a stutter the client sees
+can be told apart as the engine's and the worker's (there already) or delivery's (added after).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from schemas.scheduler import LANES
 from topics import Topics
 from topics.clients import assign_at_end, make_consumer
 
+TOKEN_RECORD = b'{"type":"TokensAppended"'  # how a token record's value starts (the codec writes the tag first)
 HOPS = ("gateway", "admission", "prompt", "scheduler", "queue", "engine_first_token", "delivery")
 MARKS = (MessageSubmitted, RequestAdmitted, PromptBuilt, GenerationRequested)
 # The latency budget: each hop's p50 at one stream, ms (docs/performance.md, "Latency budget per hop"). The
@@ -45,13 +50,20 @@ def hop_times(record: RequestRecord, marks: dict[str, float]) -> dict[str, float
     return dict(zip(HOPS, (b - a for a, b in itertools.pairwise(points)), strict=True))
 
 
+def record_gaps(appended: dict[bytes, list[float]]) -> list[float]:
+    """Seconds between consecutive token records of each generation, as they were handed to Kafka."""
+    return [b - a for times in appended.values() for a, b in itertools.pairwise(sorted(times))]
+
+
 class HopTap:
     def __init__(self, bootstrap: str, prefix: str, pools: Iterable[str]) -> None:
         names = Topics(prefix)
-        self.topics = [names.requests, names.admitted, names.prompts, names.replies,
+        self.tokens = names.tokens
+        self.topics = [names.requests, names.admitted, names.prompts, names.replies, names.tokens,
                        *(names.generate(p, lane) for p in pools for lane in LANES)]
         self.consumer = make_consumer(bootstrap, group_id=None, fetch_max_wait_ms=100)
         self.marks: dict[str, dict[str, float]] = {}
+        self.appended: dict[bytes, list[float]] = {}  # generation id (the key) -> each token record's timestamp, s
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -62,9 +74,12 @@ class HopTap:
     async def _run(self) -> None:
         while True:
             batch = await self.consumer.getmany(timeout_ms=200, max_records=2000)
-            for records in batch.values():
+            for tp, records in batch.items():
                 for r in records:
-                    self._keep(r.value, r.key)
+                    if tp.topic != self.tokens:
+                        self._keep(r.value, r.key)
+                    elif r.value.startswith(TOKEN_RECORD) and r.key is not None:
+                        self.appended.setdefault(r.key, []).append(r.timestamp / 1000)
 
     def _keep(self, raw: bytes, key: bytes | None = None) -> None:
         try:

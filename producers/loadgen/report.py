@@ -28,6 +28,7 @@ class Measured:
     marks: dict[str, dict[str, float]] = field(default_factory=dict)  # generation -> event times
     samples: list[dict[str, Any]] = field(default_factory=list)
     planned_s: float = 0.0  # the schedule's length: the offered rate is arrivals over it
+    record_gaps: list[float] = field(default_factory=list)  # between a generation's token records, as written
 
 
 def build(m: Measured, meta: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +36,8 @@ def build(m: Measured, meta: dict[str, Any]) -> dict[str, Any]:
     generated = engine_tokens(m)
     delivered = sum(r.tokens_out for r in done)
     tokens = generated or delivered
-    return {**meta, "requests": requests(m.records), "client": client(done), "throughput": throughput(m, done),
+    return {**meta, "requests": requests(m.records), "client": {**client(done), "record_gap_ms": summary(
+                m.record_gaps, 1000)}, "throughput": throughput(m, done),
             "tokens": {"generated": generated, "delivered": delivered, "delivered_events": sum(len(r.deltas)
                                                                                               for r in done)},
             "queue": queue(m.records), "hops_ms": hops(done, m.marks),
@@ -58,6 +60,10 @@ def requests(records: list[RequestRecord]) -> dict[str, Any]:
 def client(done: list[RequestRecord]) -> dict[str, Any]:
     return {"ttft_ms": summary((r.ttft for r in done), 1000), "itl_ms": summary((g for r in done for g in r.gaps()),
                                                                                 1000),
+            # By plan: a plan whose output check holds each sentence back until checked (the free plan's, in
+            # infra/config/safety.toml) shows its text a sentence at a time, so its gaps are a sentence long.
+            "itl_ms_by_plan": {plan: summary((g for r in done if r.plan == plan for g in r.gaps()), 1000)
+                               for plan in sorted({r.plan for r in done})},
             "tpot_ms": summary((r.tpot for r in done), 1000), "e2e_s": summary(r.done - r.sent for r in done),
             "prompt_tokens": summary(r.tokens_in for r in done), "reply_tokens": summary(r.tokens_out for r in done),
             "tokens_per_event": per(sum(r.tokens_out for r in done), sum(len(r.deltas) for r in done))}

@@ -19,7 +19,7 @@ from infra.config.settings import Settings
 from producers.loadgen import arrivals, cpu, plot, report, scrape, table
 from producers.loadgen.client import ChatClient
 from producers.loadgen.drive import Progress, play
-from producers.loadgen.hops import HopTap
+from producers.loadgen.hops import HopTap, record_gaps
 from producers.loadgen.offsets import end_offsets
 from producers.loadgen.sampler import Sampler
 from producers.loadgen.statements import StatementCounter, difference
@@ -91,7 +91,7 @@ async def measure(target: Target, load: Load, users: list[User], scenario: str,
             records, progress.started, idle, run_window,
             await end_offsets(target.settings.kafka_bootstrap, tokens_topic) - offsets_before,
             difference(statements_before, await counter.count()), engine_before, await engine_figures(http, target),
-            tap.marks, sampler.rows, arrivals.duration(load.phases))
+            tap.marks, sampler.rows, arrivals.duration(load.phases), record_gaps(tap.appended))
     meta = {"scenario": scenario, "url": target.url, "taken_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "host": platform.node(), "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
             "load": _load_json(load), "users": len(users), **(extra or {})}

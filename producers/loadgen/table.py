@@ -53,6 +53,11 @@ def summary_table(r: dict[str, Any]) -> Table:
     table.add_row("TTFT ms", _p(c["ttft_ms"]), _p(c["ttft_ms"], "p99"), f"max {_p(c['ttft_ms'], 'max')}")
     table.add_row("ITL ms (per event)", _p(c["itl_ms"]), _p(c["itl_ms"], "p99"),
                   f"{_f(c['tokens_per_event'], 2)} tokens/event")
+    for plan, itl in c.get("itl_ms_by_plan", {}).items():
+        table.add_row(f"  ITL ms, {plan} plan", _p(itl), _p(itl, "p99"), f"{itl.get('n', 0):,} gaps")
+    if c.get("record_gap_ms", {}).get("n"):
+        table.add_row("gap between token records as written, ms", _p(c["record_gap_ms"]),
+                      _p(c["record_gap_ms"], "p99"), "the worker's side of the ITL")
     table.add_row("TPOT ms", _p(c["tpot_ms"]), _p(c["tpot_ms"], "p99"), "")
     table.add_row("prompt / reply tokens", _p(c["prompt_tokens"]), _p(c["reply_tokens"]), "(p50 each)")
     table.add_row("queued: shown / real wait s", _p(q["shown_wait_s"]), _p(q["real_wait_s"]),

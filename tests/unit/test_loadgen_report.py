@@ -140,3 +140,24 @@ def test_private_pools_file_is_one_the_service_accepts(tmp_path) -> None:
 
     assert pools["large"].engine == "sim" and pools["large"].sim.prefill_chunk == 256
     assert pools["large"].max_model_len >= 6000 + 2000  # the seeds' prompt budget and reply cap fit
+
+
+def test_record_gaps_are_per_generation_and_in_the_report() -> None:
+    from producers.loadgen.hops import TOKEN_RECORD, record_gaps
+    from schemas import TokensAppended, keyless
+
+    assert keyless(TokensAppended(generation_id="g", conversation_id="c", seq=0, text="x")).startswith(TOKEN_RECORD)
+    # Two generations interleaved: a gap is only ever between records of one generation, in time order.
+    gaps = record_gaps({b"g1": [10.0, 10.1, 10.6], b"g2": [10.05, 10.08]})
+    assert sorted(round(g, 3) for g in gaps) == [0.03, 0.1, 0.5]
+    m = _measured()
+    m.record_gaps = gaps
+    assert report.build(m, {})["client"]["record_gap_ms"]["max"] == 500.0
+
+
+def test_inter_token_gaps_are_also_given_per_plan() -> None:
+    m = _measured()
+    for r in m.records[1:4]:
+        r.plan = "free"
+    by_plan = report.build(m, {})["client"]["itl_ms_by_plan"]
+    assert set(by_plan) == {"paid", "free"} and by_plan["paid"]["n"] == 2 and by_plan["free"]["n"] == 6
