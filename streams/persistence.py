@@ -11,8 +11,9 @@ as its reply ends. An event whose conversation's key is gone (deleted) is skippe
 """
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -77,13 +78,14 @@ class Persistence:
         return await self._reply(e)
 
     async def _reply(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
-        current = await self.redis.get(keys.generation_epoch(e.generation_id))
+        # The owner's epoch (Redis) and the conversation (Cassandra) are read at once: one round trip's wait.
+        current, conv = await asyncio.gather(self.redis.get(keys.generation_epoch(e.generation_id)),
+                                             self.conversations.get(e.conversation_id))
         if current is not None and 0 < e.epoch < int(current):
             log.warning("generation %s: finish of owner epoch %d ignored (epoch %s owns it)", e.generation_id,
                         e.epoch, current.decode())
             return []  # a fenced-off worker's finish: the current owner's is the one to save
         finished_at = datetime.fromtimestamp(e.at, UTC)
-        conv = await self.conversations.get(e.conversation_id)
         if conv is None:
             return []  # deleted: nothing is written for it any more
         # An OpenAI-endpoint call is not in the sidebar, so it is neither searched nor titled there: indexing its
@@ -97,24 +99,25 @@ class Persistence:
         existing = turn.get(e.message_id)
         made = existing.created_at if existing else (
             datetime.fromtimestamp(e.started_at, UTC) if e.started_at and not page else finished_at)
-        await self.conversations.save_message(Message(
+        # Every write below is keyed and independent of the others (a redelivery rewrites the same values), so
+        # they go out together: the stage waits one round trip for them, not four in a row. Persistence takes
+        # one reply at a time, so its rate is bounded by this wait, not by its CPU.
+        writes: list[Awaitable[Any]] = [self.conversations.save_message(Message(
             e.conversation_id, e.turn, e.message_id, "assistant", e.text, status=e.status,
             tokens_in=e.usage.prompt_tokens, tokens_out=e.usage.completion_tokens,
             tokens_cached=e.usage.cached_prompt_tokens, model=e.model, pool=e.pool, parent_id=e.parent_id,
             generation_id=e.generation_id, route_reason=e.route_reason,
             created_at=made, finished_at=finished_at,
             block_category=e.block.category if e.block else None,
-            rules_version=e.block.rules_version if e.block else None))
-        await self._save_generation(e)
+            rules_version=e.block.rules_version if e.block else None)), self._save_generation(e)]
         if e.text.strip():  # no reply text: the conversation does not move up, nor enter the list
-            if conv.source == "api" and e.turn == 0:
-                # Made unlisted by the OpenAI endpoints for this call: listed where it was made, its own row as it
-                # is (one statement; moving it up would add the row's update for seconds of difference).
-                await self.conversations.list_where_made(conv)
-            else:
-                await self.conversations.touch(conv, finished_at)
+            # Made unlisted by the OpenAI endpoints for this call: listed where it was made, its own row as it is
+            # (one statement; moving it up would add the row's update for seconds of difference).
+            writes.append(self.conversations.list_where_made(conv) if conv.source == "api" and e.turn == 0
+                          else self.conversations.touch(conv, finished_at))
         if page:
-            await self._index(e, turn.get(e.parent_id) if e.parent_id else None)
+            writes.append(self._index(e, turn.get(e.parent_id) if e.parent_id else None))
+        await _all(writes)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
                  e.usage.prompt_tokens, e.usage.completion_tokens)
         if page and conv.title is None and e.text.strip():  # complete, stopped or cut at the length limit alike
@@ -154,10 +157,19 @@ class Persistence:
         conv = await self.conversations.get(e.conversation_id)
         if conv is None or not title or conv.title is not None:
             return  # deleted, empty, or already titled (by the user's rename, or an earlier title)
-        await self.conversations.touch(conv, conv.updated_at, title=title)
-        if self.search is not None:
-            await self.search.index(conv.user_id, conv.conversation_id, TITLE, -1, title)
+        await _all([self.conversations.touch(conv, conv.updated_at, title=title),
+                    *([self.search.index(conv.user_id, conv.conversation_id, TITLE, -1, title)]
+                      if self.search is not None else [])])
         log.info("conversation %s titled (%d chars)", e.conversation_id, len(title))
+
+
+async def _all(writes: list[Awaitable[Any]]) -> None:
+    """Every write, at once; the first failure raises once all have settled (the event is then applied again,
+    and each write, keyed, rewrites the same values)."""
+    results = await asyncio.gather(*writes, return_exceptions=True)
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        raise failed
 
 
 def _clean_title(text: str) -> str:

@@ -114,3 +114,40 @@ async def test_a_reply_of_a_deleted_conversation_writes_nothing() -> None:
     p = Persistence(convs, records, FakeRedis(), Topics("t."), lambda m: [1])  # type: ignore[arg-type]
     assert await p.handle(finished()) == []
     assert convs.messages == {} and records.generations == {}
+
+
+async def test_a_replys_writes_go_out_together_and_a_failed_one_fails_the_event_after_the_rest() -> None:
+    import asyncio
+
+    class Together(FakeConversations):
+        """The reply's row is written only once the list has been touched: in a row, this would never end."""
+
+        def __init__(self) -> None:
+            super().__init__(conversation())
+            self.touched_now = asyncio.Event()
+            self.fail_touch = False
+
+        async def save_message(self, message):  # type: ignore[no-untyped-def]
+            await self.touched_now.wait()
+            await super().save_message(message)
+
+        async def touch(self, conv, at, title=None):  # type: ignore[no-untyped-def]
+            self.touched_now.set()
+            if self.fail_touch:
+                raise ConnectionError("Cassandra went away")
+            await super().touch(conv, at, title)
+
+    convs, records = Together(), FakeRecords()
+    p = Persistence(convs, records, FakeRedis(), Topics("t."), lambda m: [1])  # type: ignore[arg-type]
+    await asyncio.wait_for(p.handle(finished()), 2)
+    assert convs.messages[("c", 0, "g1")].content == "Paris." and records.generations["g1"]["status"] == "complete"
+    failing, records = Together(), FakeRecords()
+    failing.fail_touch = True
+    p = Persistence(failing, records, FakeRedis(), Topics("t."), lambda m: [1])  # type: ignore[arg-type]
+    try:
+        await asyncio.wait_for(p.handle(finished()), 2)
+        raise AssertionError("a failed write must fail the event, so that it is applied again")
+    except ConnectionError:
+        pass
+    # The others were written all the same; applying the event again rewrites them with the same values.
+    assert ("c", 0, "g1") in failing.messages and "g1" in records.generations
