@@ -10,11 +10,16 @@ whole ring. Rows are keyed, so indexing again changes nothing.
 A retitled conversation leaves its old words behind; hits are checked against the current text.
 
 The index holds no word in clear (message text is sealed everywhere else): a row's term is an
-HMAC-SHA256, under the user's search key from the tenant key store, of (user, word prefix), for each
-prefix of 2 to ``PREFIX_MAX`` letters (rows written before shards are partitioned by that hash's first
-byte). A query word is
-looked up by the hash of its first ``PREFIX_MAX`` letters and every hit is checked against the message as
-it reads now. Keyed, a term cannot be confirmed by guessing a word and hashing it: that takes the key
+HMAC-SHA256, under the user's search key from the tenant key store, of (user, word prefix), for the prefixes
+of ``PREFIXES`` letters (rows written before shards are partitioned by that hash's first byte). A query word is
+looked up by the hash of its longest indexed prefix and every hit is checked against the message as it reads
+now, so a query word between two indexed lengths finds its hits among the shorter prefix's.
+
+Only some prefix lengths are indexed: a row per prefix is what indexing costs (an HMAC and a bound row in the
+stages, a cell in Cassandra), and every length from 2 to 8 made about 5 rows a word, 800 for a 640-token reply.
+Lengths 2, 3, 5 and 8 make about 3: a word of 4 letters is looked up by its first 3, of 6 or 7 by its first 5,
+and the check against the text drops the others. Rows written when every length was indexed are still found
+(they include these lengths). Keyed, a term cannot be confirmed by guessing a word and hashing it: that takes the key
 (the master key file, or the KMS). Deleting a conversation removes its rows.
 """
 from __future__ import annotations
@@ -24,6 +29,7 @@ import hashlib
 import hmac
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infra.stores.conversations import Conversations
@@ -37,7 +43,9 @@ MAX_QUERY_WORDS = 6
 ROWS_PER_WORD = 2000  # read at most this many hits of one query word
 TITLE = ""  # message_id of a conversation's title row
 SHARDS = tuple(f"s{n}" for n in range(4))  # a user's index partitions; a search reads each, per word
-PREFIX_MAX = 8  # prefixes up to this long are indexed; longer query words are checked against the text
+PREFIXES = (2, 3, 5, 8)  # the prefix lengths indexed; longer query words are checked against the text
+PREFIX_MAX = PREFIXES[-1]
+EVER_INDEXED = tuple(range(2, PREFIX_MAX + 1))  # every length rows were once written for (a deletion removes all)
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,7 @@ def words(text: str, limit: int = MAX_WORDS_INDEXED) -> list[str]:
 
 def blind(key: bytes, user_id: str, prefix: str) -> tuple[str, str]:
     """(bucket, term) of one word prefix of one user's index, under that user's search key."""
-    digest = hmac.new(key, f"{user_id}\x00{prefix}".encode(), hashlib.sha256).hexdigest()
+    digest = hmac.digest(key, f"{user_id}\x00{prefix}".encode(), "sha256").hex()  # one call, no HMAC object
     return digest[:2], digest
 
 
@@ -76,8 +84,14 @@ def shard(conversation_id: str) -> str:
     return SHARDS[int(hashlib.sha256(conversation_id.encode()).hexdigest()[:8], 16) % len(SHARDS)]
 
 
-def terms(key: bytes, user_id: str, word: str) -> list[tuple[str, str]]:
-    return [blind(key, user_id, word[:n]) for n in range(2, min(len(word), PREFIX_MAX) + 1)]
+def terms(key: bytes, user_id: str, word: str, lengths: Sequence[int] = PREFIXES) -> list[tuple[str, str]]:
+    """The (bucket, term) of each indexed prefix of ``word`` (the whole word too, when its length is indexed)."""
+    return [blind(key, user_id, word[:n]) for n in lengths if n <= len(word)]
+
+
+def looked_up(word: str) -> str:
+    """The prefix a query word is looked up by: its longest indexed one (the word's hits are among its hits)."""
+    return word[:max((n for n in PREFIXES if n <= len(word)), default=len(word))]
 
 
 def matches(text: str, query_words: list[str]) -> bool:
@@ -127,10 +141,11 @@ class SearchIndex:
     async def forget(self, user_id: str, conversation_id: str, texts: list[str]) -> int:
         """Remove a conversation's rows for the words of ``texts`` (its messages and title, read before its key
         is destroyed); how many words. A range delete per word: (term, conversation_id) prefixes the key, in
-        the conversation's shard and in the bucket rows written before shards had."""
+        the conversation's shard and in the bucket rows written before shards had. Every prefix length is
+        removed, indexed now or not: rows written when every length was indexed go too."""
         found = sorted({w for text in texts for w in words(text)})
         key = self.key(user_id)
-        rows = {bt for w in found for bt in terms(key, user_id, w)}
+        rows = {bt for w in found for bt in terms(key, user_id, w, EVER_INDEXED)}
         places = {(bucket, term) for bucket, term in rows} | {(shard(conversation_id), term) for _, term in rows}
         await asyncio.gather(*(self.db.execute(
             "DELETE FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ? AND conversation_id = ?",
@@ -160,7 +175,7 @@ class SearchIndex:
 
     async def _lookup(self, user_id: str, word: str) -> dict[tuple[str, str], int]:
         """The word's hits in every shard of the user's index, and in its bucket of rows written before shards."""
-        bucket, term = blind(self.key(user_id), user_id, word[:PREFIX_MAX])
+        bucket, term = blind(self.key(user_id), user_id, looked_up(word))
         found = await asyncio.gather(*(self.db.execute(
             "SELECT conversation_id, message_id, turn FROM search_terms WHERE user_id = ? AND bucket = ? "
             f"AND term = ? LIMIT {ROWS_PER_WORD}", (user_id, b, term)) for b in (bucket, *SHARDS)))

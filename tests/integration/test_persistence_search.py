@@ -42,3 +42,29 @@ async def test_a_saved_reply_and_its_message_and_title_are_found(db: Any, redis_
                                                  text="Eiffel Tower Height"))
     [title, *rest] = await search.search(user, "eiffel")
     assert (title.message_id, title.title) == (None, "Eiffel Tower Height") and [h.role for h in rest] == ["user"]
+
+
+async def test_query_words_between_indexed_lengths_are_found_and_a_deletion_removes_rows_of_every_length(
+        db: Any) -> None:
+    from infra.stores.search import EVER_INDEXED, shard, terms
+
+    conversations = Conversations(db)
+    search = SearchIndex(db, conversations)
+    user = f"u-{new_id()}"
+    conv = await conversations.create(user)
+    said = Message(conv.conversation_id, 0, new_id(), "user", "Parisienne lighthouses")
+    await conversations.save_message(said)
+    await search.index(user, conv.conversation_id, said.message_id, 0, said.content)
+    for query in ("pa", "par", "pari", "paris", "parisi", "parisienne", "lighthouse"):  # each length, 2 to 10
+        assert [h.message_id for h in await search.search(user, query)] == [said.message_id], query
+    assert await search.search(user, "parish") == []  # found among "pari"'s hits, dropped by the text check
+
+    # Rows written when every length from 2 to 8 was indexed: a deletion takes them all.
+    key, bucket = search.key(user), shard(conv.conversation_id)
+    await db.batch("INSERT INTO search_terms (user_id, bucket, term, conversation_id, message_id, turn) "
+                   "VALUES (?, ?, ?, ?, ?, ?)",
+                   [(user, bucket, t, conv.conversation_id, said.message_id, 0)
+                    for w in ("parisienne", "lighthouses") for _, t in terms(key, user, w, EVER_INDEXED)])
+    assert await search.forget(user, conv.conversation_id, [said.content]) == 2
+    left = await db.execute("SELECT term FROM search_terms WHERE user_id = ? AND bucket = ?", (user, bucket))
+    assert list(left) == []

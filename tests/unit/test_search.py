@@ -36,4 +36,16 @@ def test_terms_are_keyed_per_user_and_do_not_match_a_plain_hash_of_the_word() ->
     assert blind(ann, "u1", "zebra") != blind(ann, "u2", "zebra")
     guessed = hashlib.sha256(b"u1\x00zebra").hexdigest()
     assert guessed not in {t for _, t in terms(ann, "u1", "zebras")}  # a guess without the key confirms nothing
-    assert len(terms(ann, "u1", "zebras")) == 5  # prefixes of 2..6 letters
+    assert len(terms(ann, "u1", "zebras")) == 3  # prefixes of 2, 3 and 5 letters
+
+
+def test_a_query_word_is_looked_up_by_its_longest_indexed_prefix() -> None:
+    from infra.stores.search import EVER_INDEXED, PREFIXES, looked_up, terms
+
+    key = b"k" * 32
+    assert [looked_up(w) for w in ("pa", "par", "pari", "paris", "parisian", "parisians")] == [
+        "pa", "par", "par", "paris", "parisian", "parisian"]
+    for word in ("pa", "par", "pari", "paris", "parisienne"):  # what a query looks up, indexing wrote
+        assert terms(key, "u", looked_up(word))[-1] in terms(key, "u", "parisienne")
+    # A deletion removes every length once written, not just the ones indexed now.
+    assert len(terms(key, "u", "parisienne", EVER_INDEXED)) == 7 and set(PREFIXES) <= set(EVER_INDEXED)
