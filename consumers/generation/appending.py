@@ -19,6 +19,7 @@ from typing import Any
 from aiokafka.errors import KafkaTimeoutError
 
 from topics.clients import make_producer
+from topics.partitioning import partition_for
 
 log = logging.getLogger(__name__)
 ACK_TIMEOUT_S = 20.0  # an append or finish not acknowledged by then is retried through a new producer
@@ -35,6 +36,14 @@ class Appender:
         # the producers closed for good (nothing they still held can land any more).
         self._unsettled: dict[str, tuple[Any, set[asyncio.Future[Any]]]] = {}
         self._closed: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def partition(self, topic: str, key: str) -> int | None:
+        """The partition Kafka's default partitioner gives ``key`` (murmur2, computed once per key), for a send
+        that names it, so the producer does not hash every record of a reply; None until the topic's partitions
+        are known (the producer then partitions by the key itself, to the same partition)."""
+        cluster = getattr(getattr(self.producer, "client", None), "cluster", None)
+        count = len(cluster.partitions_for_topic(topic) or ()) if cluster is not None else 0
+        return partition_for(key, count) if count else None
 
     def forget(self, generation_id: str) -> None:
         """The generation is done here (served, or left to another owner)."""

@@ -372,6 +372,7 @@ class GenerationWorker:
         """The engine loop: each output counted, recorded when due, checked when its chunk is complete. None when
         this worker found itself fenced off (paused past its lease: SIGSTOP, a long GC)."""
         sampling = for_request(req, saved_tokens=len(saved.token_ids), max_tokens=gen.max_tokens)
+        lane_tokens = self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane)  # once, not per output
         async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
                                               gen.priority, sampling):
             now = time.time()
@@ -390,7 +391,7 @@ class GenerationWorker:
             check = guard is not None and guard.add(out.text, took.tokens, out.finished)
             if took.tokens:
                 self.metrics.tokens.inc(took.tokens)
-                self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane).inc(took.tokens)
+                lane_tokens.inc(took.tokens)
             # What the safety check reads is in records before it decides (held back or already shown, as
             # the plan says); a finish or a cancel goes out at once.
             if state.due(now, urgent=out.finished or check or req.generation_id in self.cancels):
@@ -440,8 +441,9 @@ class GenerationWorker:
     async def _append(self, step: TokensAppended) -> asyncio.Future[Any]:
         """Checked (when held back) in clear here; sealed on the way out. The value leaves out the generation id:
         the record key is it."""
-        return await self.producer.send(self.topics.tokens, keyless(await self._seal(step)),
-                                        key=step.generation_id.encode())
+        gid = step.generation_id
+        return await self.producer.send(self.topics.tokens, keyless(await self._seal(step)), key=gid.encode(),
+                                        partition=self.appender.partition(self.topics.tokens, gid))
 
     async def _checked(self, req: GenerationRequested, guard: OutputGuard) -> Verdict | None:
         """Classify the chunk just completed; a flagged one aborts the sequence before the next step."""
