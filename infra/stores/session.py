@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from cassandra.query import BatchStatement, BatchType, PreparedStatement, named_tuple_factory
 
 from infra.config.settings import Settings
 
@@ -32,6 +33,19 @@ logging.getLogger("cassandra.protocol").addFilter(_PreparedKeyspaceNotice())
 RECONNECT_MAX_S = 5.0
 
 
+@lru_cache(maxsize=1024)
+def _row_type(colnames: tuple[str, ...]) -> Any:
+    """The driver's own row type for these columns (its names, cleaned as it cleans them), made once."""
+    return type(named_tuple_factory(list(colnames), [(None,) * len(colnames)])[0])
+
+
+def rows_as_named_tuples(colnames: list[str], rows: list[Any]) -> list[Any]:
+    """The driver's default rows (named tuples), without the namedtuple class it makes for every result: about
+    95 µs per statement, on every statement a stage reads."""
+    row = _row_type(tuple(colnames))
+    return [row(*r) for r in rows]
+
+
 def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Session]:
     """A cluster and a session; ``keyspace=""`` means the configured one, ``None`` means none."""
     cluster = Cluster(
@@ -39,6 +53,7 @@ def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Ses
         port=settings.ports.cassandra,
         execution_profiles={EXEC_PROFILE_DEFAULT: ExecutionProfile(
             load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=settings.cassandra_dc), request_timeout=30,
+            row_factory=rows_as_named_tuples,
             consistency_level=ConsistencyLevel.name_to_value[settings.cassandra_consistency])},
         protocol_version=5,
         connect_timeout=10,
