@@ -100,7 +100,7 @@ class Persistence:
         made = existing.created_at if existing else (
             datetime.fromtimestamp(e.started_at, UTC) if e.started_at and not page else finished_at)
         # Every write below is keyed and independent of the others (a redelivery rewrites the same values), so
-        # they go out together: the stage waits one round trip for them, not four in a row. Persistence takes
+        # they go out together: the stage waits one round trip for them, not three in a row. Persistence takes
         # one reply at a time, so its rate is bounded by this wait, not by its CPU.
         writes: list[Awaitable[Any]] = [self.conversations.save_message(Message(
             e.conversation_id, e.turn, e.message_id, "assistant", e.text, status=e.status,
@@ -109,7 +109,10 @@ class Persistence:
             generation_id=e.generation_id, route_reason=e.route_reason,
             created_at=made, finished_at=finished_at,
             block_category=e.block.category if e.block else None,
-            rules_version=e.block.rules_version if e.block else None)), self._save_generation(e)]
+            rules_version=e.block.rules_version if e.block else None))]
+        # No ``generations`` row: the reply's own row names its generation, model and pool, and the gateway
+        # finds a generation's owner in Redis (``generation_owner``, kept 7 days). Only a no-retention reply,
+        # which has no row of its own, keeps its ids and counts there.
         if e.text.strip():  # no reply text: the conversation does not move up, nor enter the list
             # Made unlisted by the OpenAI endpoints for this call: listed where it was made, its own row as it is
             # (one statement; moving it up would add the row's update for seconds of difference).

@@ -28,7 +28,9 @@ async def test_a_finished_reply_is_saved_and_asks_the_small_pool_for_a_title_onc
     saved = convs.messages[("c", 0, "g1")]
     assert (saved.role, saved.content, saved.status, saved.tokens_in, saved.tokens_out) == (
         "assistant", "Paris.", "complete", 20, 3)
-    assert records.generations["g1"]["status"] == "complete" and convs.touched[0][0] == "c"
+    assert saved.generation_id == "g1" and (saved.model, saved.pool) == ("Smol", "large")
+    # The reply's row is the generation's record: no ``generations`` row is written beside it.
+    assert records.generations == {} and convs.touched[0][0] == "c"
     [(topic, request, key)] = out
     assert topic == "t.generate.small.free" and key == "c"
     assert isinstance(request, GenerationRequested) and request.purpose == "title"
@@ -51,7 +53,7 @@ async def test_an_api_conversation_is_saved_but_neither_indexed_nor_titled() -> 
     index, records = Index(), FakeRecords()
     p = Persistence(convs, records, FakeRedis(), Topics("t."), lambda m: [1], search=index)  # type: ignore[arg-type]
     assert await p.handle(finished()) == []  # no title request
-    assert convs.messages[("c", 0, "g1")].content == "Paris." and records.generations["g1"]["status"] == "complete"
+    assert convs.messages[("c", 0, "g1")].content == "Paris." and records.generations == {}
     assert index.indexed == []
     # Made unlisted for the call: its first reply lists it where it was made, and does not update its row.
     assert convs.listed_as_made == ["c"] and convs.touched == []
@@ -140,7 +142,7 @@ async def test_a_replys_writes_go_out_together_and_a_failed_one_fails_the_event_
     convs, records = Together(), FakeRecords()
     p = Persistence(convs, records, FakeRedis(), Topics("t."), lambda m: [1])  # type: ignore[arg-type]
     await asyncio.wait_for(p.handle(finished()), 2)
-    assert convs.messages[("c", 0, "g1")].content == "Paris." and records.generations["g1"]["status"] == "complete"
+    assert convs.messages[("c", 0, "g1")].content == "Paris." and convs.touched
     failing, records = Together(), FakeRecords()
     failing.fail_touch = True
     p = Persistence(failing, records, FakeRedis(), Topics("t."), lambda m: [1])  # type: ignore[arg-type]
@@ -150,4 +152,4 @@ async def test_a_replys_writes_go_out_together_and_a_failed_one_fails_the_event_
     except ConnectionError:
         pass
     # The others were written all the same; applying the event again rewrites them with the same values.
-    assert ("c", 0, "g1") in failing.messages and "g1" in records.generations
+    assert ("c", 0, "g1") in failing.messages
