@@ -37,10 +37,12 @@ class TokensAppended(Event, frozen=True, kw_only=True, omit_defaults=True):
     Sealed, a record carries ``text``, ``token_ids`` and ``logprobs`` together in ``sealed`` (one payload, one
     seal) and leaves the three empty until a reader opens it. Fields at their defaults are not written, and the
     worker writes no ``generation_id``: the record key is the generation id, and ``decode`` given the key fills it
-    in (records written before carry it). No reader needs the user (``user_id`` stays for records written before).
+    in (records written before carry it); nor ``at``, which the record's timestamp gives. No reader needs the user
+    (``user_id`` stays for records written before).
     """
 
     generation_id: str = ""  # the record key; empty in the value as written
+    at: float = 0.0  # not written: the record's Kafka timestamp (``decode_record`` fills it in)
     conversation_id: str  # whose data key seals the payload (and the seal's associated data)
     user_id: str = ""  # not written by the worker
     seq: int  # per generation, from 0, no gaps

@@ -44,7 +44,7 @@ async def test_a_record_leaves_out_what_is_at_its_default_and_is_smaller_than_fi
     keys = Keys()
     sealer, plain = Sealer(keys), record(3)  # type: ignore[arg-type]
     wire = keyless(await sealer.seal(plain))  # as the worker writes it, keyed by the generation id
-    assert set(msgspec.json.decode(wire)) == {"type", "at", "conversation_id", "seq", "epoch", "sealed"}
+    assert set(msgspec.json.decode(wire)) == {"type", "conversation_id", "seq", "epoch", "sealed"}
     assert await sealer.open(decode(wire, key=plain.generation_id.encode())) == plain  # the key fills it in
     assert decode(wire).generation_id == ""  # a reader that does not pass the key cannot route it
     assert decode(encode(plain), key=b"another").generation_id == plain.generation_id  # a written id wins
@@ -68,3 +68,18 @@ async def test_an_unsealed_record_reads_as_it_was_written_and_a_deleted_conversa
         await sealer.open(sealed)
     empty = record(0)
     assert await sealer.seal(empty) == empty  # nothing to seal (an end-of-sequence step with no ids)
+
+
+def test_a_token_records_time_is_its_kafka_timestamp_and_a_written_time_wins() -> None:
+    from types import SimpleNamespace
+
+    from schemas import decode_record
+
+    plain = record(2, at=1_790_000_123.25)
+    wire = keyless(plain)
+    assert b"1790000123" not in wire and "at" not in msgspec.json.decode(wire)  # the record's timestamp gives it
+    kafka = SimpleNamespace(value=wire, key=plain.generation_id.encode(), timestamp=1_790_000_124_500)
+    read = decode_record(kafka)
+    assert (read.generation_id, read.at) == (plain.generation_id, 1_790_000_124.5)
+    written = SimpleNamespace(value=encode(plain), key=b"k", timestamp=1_790_000_124_500)
+    assert decode_record(written).at == 1_790_000_123.25  # records written before carry their own
