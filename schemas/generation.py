@@ -84,3 +84,6 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     first_token_at: float = 0.0
     epoch: int = 0  # the owner's fencing epoch (see GenerationStarted)
     block: Block | None = None  # status blocked: why (the text is the notice)
+    # The user message it answers (sealed), on ``chat.replies`` only: persistence indexes it and asks a title
+    # with it without reading it back. Empty on ``chat.tokens`` and where no request carried it (then read).
+    question: str = ""

@@ -92,13 +92,18 @@ class Persistence:
         # message (up to 400 words, a row per word prefix) and asking the small pool for a title were most of
         # the pipeline's CPU per API reply, and the title a second generation nobody would read.
         page = conv.source != "api"
-        # The reply's placeholder (its created_at) and the user message it answers (indexed with it): one read.
-        # An API reply needs neither: it is made at its generation's start, when its placeholder was written.
-        turn = await self.conversations.messages_of_turn(
-            e.conversation_id, e.turn, {e.message_id} | ({e.parent_id} if e.parent_id else set())) if page else {}
-        existing = turn.get(e.message_id)
-        made = existing.created_at if existing else (
-            datetime.fromtimestamp(e.started_at, UTC) if e.started_at and not page else finished_at)
+        # The user message it answers (indexed with it, and the title's question) rides in the event: a finish
+        # that carries none (made by the scheduler or the reaper, or written before) reads the turn's two rows,
+        # the reply's placeholder (its created_at) and that message. An API reply needs neither. Without the
+        # read, the reply is dated from its generation's start.
+        user = (e.parent_id, e.question) if page and e.parent_id and e.question else None
+        made = datetime.fromtimestamp(e.started_at, UTC) if e.started_at else finished_at
+        if page and user is None:
+            turn = await self.conversations.messages_of_turn(
+                e.conversation_id, e.turn, {e.message_id} | ({e.parent_id} if e.parent_id else set()))
+            existing, asked = turn.get(e.message_id), turn.get(e.parent_id) if e.parent_id else None
+            made = existing.created_at if existing is not None and existing.created_at else finished_at
+            user = (asked.message_id, asked.content) if asked is not None else None
         # Every write below is keyed and independent of the others (a redelivery rewrites the same values), so
         # they go out together: the stage waits one round trip for them, not three in a row. Persistence takes
         # one reply at a time, so its rate is bounded by this wait, not by its CPU.
@@ -119,20 +124,20 @@ class Persistence:
             writes.append(self.conversations.list_where_made(conv) if conv.source == "api" and e.turn == 0
                           else self.conversations.touch(conv, finished_at))
         if page:
-            writes.append(self._index(e, turn.get(e.parent_id) if e.parent_id else None))
+            writes.append(self._index(e, user))
         await _all(writes)
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
                  e.usage.prompt_tokens, e.usage.completion_tokens)
         if page and conv.title is None and e.text.strip():  # complete, stopped or cut at the length limit alike
-            user = turn.get(e.parent_id) if e.parent_id else None
-            return await self._ask_for_title(e, user.content if user is not None else "")
+            return await self._ask_for_title(e, user[1] if user is not None else "")
         return []
 
-    async def _index(self, e: GenerationFinished, user: Message | None) -> None:
-        """The exchange becomes searchable once its reply is saved (the user message with it: off the hot path)."""
+    async def _index(self, e: GenerationFinished, user: tuple[str, str] | None) -> None:
+        """The exchange becomes searchable once its reply is saved (the user message, (id, text), with it: off the
+        hot path)."""
         if self.search is None:
             return
-        entries = [(user.message_id, e.turn, user.content)] if user is not None else []
+        entries = [(user[0], e.turn, user[1])] if user is not None else []
         if e.text.strip():
             entries.append((e.message_id, e.turn, e.text))
         await self.search.index_many(e.user_id, e.conversation_id, entries)  # one statement for the exchange

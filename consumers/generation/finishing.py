@@ -77,12 +77,14 @@ class Finisher:
             await self.quota.free_slot(event.user_id, event.generation_id)
         try:
             event = await self.seal(event)
-        except KeyGone:
-            event = msgspec.structs.replace(event, text="")  # deleted meanwhile: the finish carries no text
+        except KeyGone:  # deleted meanwhile: the finish carries no text, neither the reply's nor the question's
+            event = msgspec.structs.replace(event, text="", question="")
+        # The user message rides to persistence on chat.replies alone: no reader of chat.tokens or Redis needs it.
+        public = msgspec.structs.replace(event, question="") if event.question else event
         if event.purpose == "reply":
-            await self.finished.put(event)  # readable (sealed like the event) before anyone sees its end
+            await self.finished.put(public)  # readable (sealed like the event) before anyone sees its end
         # chat.tokens first: a recovering worker treats a finish there as final.
-        await self._send(self.topics.tokens, event, event.generation_id)
+        await self._send(self.topics.tokens, public, event.generation_id)
         await self._send(self.topics.replies, event, event.conversation_id)
         if event.status == "failed":
             self.metrics.failures.inc()

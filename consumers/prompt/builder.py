@@ -353,8 +353,9 @@ def prompt_built(req: RequestAdmitted, placed: Placed) -> PromptBuilt:
         max_tokens=window.max_tokens, reserved_tokens=req.reserved_tokens,
         turns_kept=window.fitted.turns_kept, summary_used=window.fitted.summary_used,
         route_reason=req.route_reason, temperature=req.temperature,
-        # A request for function calls is never answered by a prepared reply (plain text, no call).
-        question="" if _tool_call(req) else placed.user_message.content[:500],
+        # A request for function calls is never answered by a prepared reply (plain text, no call), and is an
+        # API call's: not indexed. Otherwise the whole message: persistence indexes it without reading it back.
+        question="" if _tool_call(req) else placed.user_message.content,
         sampling=req.sampling, alternates=placed.built.alternates,
         deadline=req.deadline)
 

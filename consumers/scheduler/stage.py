@@ -153,7 +153,8 @@ class Scheduler:
                 priority=LANE_PRIORITY[decision.lane],
                 message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
-                route_reason=route_reason, enqueued_at=time.time(), sampling=p.sampling, **_temperature(p)),
+                route_reason=route_reason, enqueued_at=time.time(), sampling=p.sampling, question=p.question,
+                **_temperature(p)),
                 p.conversation_id, partition),
         ]
 

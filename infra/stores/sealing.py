@@ -47,9 +47,9 @@ SEALED_FIELDS: dict[type[Event], dict[str, str]] = {
     MessageSubmitted: {"content": "text", "history": "turns", "sampling": "sampling"},
     RequestAdmitted: {"content": "text", "history": "turns", "sampling": "sampling"},
     PromptBuilt: {"prompt_token_ids": "ids", "question": "text", "sampling": "sampling", "alternates": "alternates"},
-    GenerationRequested: {"prompt_token_ids": "ids", "sampling": "sampling"},
+    GenerationRequested: {"prompt_token_ids": "ids", "sampling": "sampling", "question": "text"},
     TokensAppended: {"text": "text", "token_ids": "ids", "logprobs": "logprobs"},
-    GenerationFinished: {"text": "text"},
+    GenerationFinished: {"text": "text", "question": "text"},
 }
 # Events whose sealed fields travel as one payload in one field: one seal per record, not one per field.
 # Records sealed field by field (written before) still open through SEALED_FIELDS.

@@ -66,6 +66,43 @@ async def test_an_api_conversation_is_saved_but_neither_indexed_nor_titled() -> 
     assert page_convs.touched[0][0] == "c" and page_convs.listed_as_made == []  # and moves up
 
 
+async def test_a_finish_carrying_its_question_is_indexed_and_titled_without_reading_the_turn() -> None:
+    import dataclasses
+
+    import msgspec
+
+    class Index:
+        def __init__(self) -> None:
+            self.entries: list[tuple[str, int, str]] = []
+
+        async def index_many(self, user_id: str, conversation_id: str, entries: list[tuple[str, int, str]]) -> None:
+            self.entries += entries
+
+    class Unread(FakeConversations):
+        reads = 0
+
+        async def messages_of_turn(self, conversation_id, turn, message_ids):  # type: ignore[no-untyped-def]
+            self.reads += 1
+            return await super().messages_of_turn(conversation_id, turn, message_ids)
+
+    convs, index = Unread(conversation()), Index()
+    p = Persistence(convs, FakeRecords(), FakeRedis(), Topics("t."),  # type: ignore[arg-type]
+                    lambda m: [len(m[1]["content"])], search=index)
+    carried = msgspec.structs.replace(finished(), question="What is the capital of France?",
+                                      started_at=1_789_999_999.0)
+    [(_, request, _)] = await p.handle(carried)
+    assert convs.reads == 0 and index.entries == [("um", 0, "What is the capital of France?"), ("g1", 0, "Paris.")]
+    assert request.purpose == "title"  # asked with the carried question: its prompt holds it
+    assert request.prompt_token_ids == [len("User: What is the capital of France?\nAssistant: Paris.")]
+    assert convs.messages[("c", 0, "g1")].created_at.timestamp() == 1_789_999_999.0  # dated from its start
+    # A finish that carries none (made by the scheduler or the reaper) reads the turn, as before.
+    convs.messages[("c", 0, "um")] = dataclasses.replace(convs.messages[("c", 0, "g1")], message_id="um", role="user",
+                                                         content="Capital?")
+    index.entries = []
+    await p.handle(finished())
+    assert convs.reads == 1 and index.entries[0] == ("um", 0, "Capital?")
+
+
 async def test_a_titled_conversation_or_a_reply_with_no_text_asks_for_no_title() -> None:
     titled, _, _ = persistence(title="Capitals")
     assert await titled.handle(finished()) == []
