@@ -15,12 +15,10 @@ ends at once as ``stopped`` with no text.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -35,12 +33,9 @@ from consumers.generation.coalescing import FlushPolicy
 from consumers.generation.decisions import (
     STALE_REQUEST_S,
     Finish,
-    Generate,
     Limits,
     decide,
-    finished_event,
     is_stale,
-    status_for,
 )
 from consumers.generation.engine import EngineDead
 from consumers.generation.fencing import Fence
@@ -49,56 +44,31 @@ from consumers.generation.intake import Intake, request_key
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.rebalance import Rebalance
 from consumers.generation.recovery import Saved, read_saved
-from consumers.generation.reply_stream import ReplyStream
-from consumers.generation.sampling import for_request
-from consumers.safety.classifier import Verdict
+from consumers.generation.reply_run import RETRYABLE, ReplyRun
 from consumers.safety.metrics import SafetyMetrics
-from consumers.safety.output import OutputCheck, OutputGuard
+from consumers.safety.output import OutputCheck
 from infra.config.plans import Plan, load_plans
 from infra.config.settings import Settings
 from infra.stores.crypto import KeyGone
 from infra.stores.finished import FinishedReplies
 from infra.stores.quota import Quota
-from infra.stores.retry import FIRST_DELAY_S, MAX_DELAY_S, STORE_DOWN, dependency_of
+from infra.stores.retry import FIRST_DELAY_S, MAX_DELAY_S, dependency_of
 from infra.stores.sealing import Sealer, is_sealed
 from schemas import (
     GenerationRequested,
-    GenerationStarted,
-    TokensAppended,
-    keyless,
 )
-from schemas.generation import Status
 from topics import GENERATE, Role, Topics
 from topics.catalogue import CONTROL, DEADLETTER, GENERATION, REPLIES, TOKENS
-from topics.clients import decode_or_deadletter, enqueue, make_consumer
+from topics.clients import decode_or_deadletter, make_consumer
 
 log = logging.getLogger(__name__)
 # Reads chat.control (broadcast) and its own earlier tokens on chat.tokens (recovery), without a group.
 ROLE = Role(GENERATION, reads=(GENERATE, CONTROL, TOKENS), writes=(TOKENS, REPLIES, DEADLETTER))
-# Outages a request waits out in place (Kafka's are the producer's timeouts and a recovery read's).
-RETRYABLE: tuple[type[BaseException], ...] = (*STORE_DOWN, KafkaError)
 # A dead worker's hand-over: the group coordinator evicts a member that sent no heartbeat for SESSION_TIMEOUT_MS
 # (6 s, the broker's default floor, group.min.session.timeout.ms) and the rebalance gives its partitions to the
 # pool's other replicas, which resume its replies from their saved tokens; the longest stall is this, the
 # rebalance and one prefill. Lower would evict a worker whose loop a loaded machine starves for a few seconds.
 SESSION_TIMEOUT_MS, HEARTBEAT_MS = 6_000, 1_000
-
-
-@dataclass(frozen=True)
-class Ran:
-    """How the engine loop ended: the engine's finish reason, or the output check's flag that stopped it."""
-
-    finish_reason: str | None
-    blocked: Verdict | None
-
-
-@dataclass(frozen=True)
-class Ended:
-    """How the engine loop left a reply: its status and why, and the output check's flag if it stopped it."""
-
-    status: Status
-    reason: str
-    blocked: Verdict | None
 
 
 class GenerationWorker:
@@ -134,7 +104,7 @@ class GenerationWorker:
         self.quota = Quota.configured(self.redis, plans or load_plans(settings.plans_file), settings)
         self.fence = Fence(self.redis)
         self.finisher = Finisher(limits, self.worker_id, self.topics, self.appender, self.fence, self.quota,
-                                 FinishedReplies(self.redis), self.metrics, self._seal)
+                                 FinishedReplies(self.redis), self.metrics, self.seal)
 
     @property
     def producer(self) -> Any:
@@ -144,9 +114,6 @@ class GenerationWorker:
     @producer.setter
     def producer(self, producer: Any) -> None:
         self.appender.producer = producer
-
-    async def _landed(self, generation_id: str, futures: list[asyncio.Future[Any]]) -> None:
-        await self.appender.landed(generation_id, futures)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -309,7 +276,7 @@ class GenerationWorker:
             self.metrics.recoveries.inc()
             log.info("generation %s resumed at seq %d with %d saved tokens", req.generation_id,
                      decision.first_seq, len(saved.token_ids))
-        await self._stream(req, decision, saved, picked_at)
+        await ReplyRun(self, req, decision, saved, picked_at).stream()
 
     async def _saved(self, req: GenerationRequested, started: int | None) -> Saved:
         """The tokens an earlier owner (or an earlier try of this one) saved, read from ``started``, the started
@@ -323,146 +290,12 @@ class GenerationWorker:
     async def _open(self, event: Any) -> Any:
         return await self.sealer.open(event) if self.sealer else event
 
-    async def _seal(self, event: Any) -> Any:
+    async def seal(self, event: Any) -> Any:
         return await self.sealer.seal(event) if self.sealer and event.generation_id in self.sealing else event
 
     async def _deleted(self, req: GenerationRequested) -> None:
         await self.engine.abort(req.generation_id)
         await self.finisher.deleted(req)
-
-    async def _stream(self, req: GenerationRequested, gen: Generate, saved: Saved, picked_at: float) -> None:
-        """Run the reply on the engine and write its records; the reply's state (what was gathered, numbered,
-        shown) is ``ReplyStream``'s, this loop does the I/O around it."""
-        state = ReplyStream(req.generation_id, req.conversation_id, len(req.prompt_token_ids), gen, saved,
-                            self.flush)
-        guard = self.safety.start(req.plan, req.purpose) if self.safety is not None else None
-        pending: list[asyncio.Future[Any]] = []  # handed to the producer, not acknowledged yet
-        blocked, gone = None, False  # the flagged verdict; the conversation was deleted
-        try:
-            ran = await self._run(req, gen, saved, state, guard, pending, picked_at)
-            if ran is None:
-                return  # fenced off: the newer owner finishes it
-            blocked = ran.blocked
-            status, reason = status_for(ran.finish_reason, req.generation_id in self.cancels), ""
-        except asyncio.CancelledError:
-            raise
-        except RETRYABLE:  # a store, not the engine: stop here; the request is served again once it is back
-            await self.engine.abort(req.generation_id)
-            with contextlib.suppress(*RETRYABLE):  # not acknowledged yet: kept for the retry to settle
-                await self._landed(req.generation_id, pending)
-            raise
-        except KeyGone:  # deleted while generating, before its cancel arrived: nothing more may be sealed
-            await self.engine.abort(req.generation_id)
-            status, reason, gone = "stopped", "conversation deleted", True
-            state.emptied()
-        except EngineDead:  # not this reply's fault: it is left unfinished for a live engine to resume
-            with contextlib.suppress(*RETRYABLE):
-                await self._landed(req.generation_id, pending)
-            raise
-        except Exception as exc:  # noqa: BLE001 - engine errors end this reply, not the worker
-            log.exception("generation %s failed in the engine", req.generation_id)
-            status, reason = "failed", f"the model failed while generating: {type(exc).__name__}"
-        if state.gathered and blocked is None and not gone:  # the engine stopped without a last output
-            await self._flush(req, state, time.time(), guard, pending)
-        await self._landed(req.generation_id, pending)
-        await self._ended(req, state, guard, Ended(status, reason, blocked), picked_at)
-
-    async def _run(self, req: GenerationRequested, gen: Generate, saved: Saved, state: ReplyStream,
-                   guard: OutputGuard | None, pending: list[asyncio.Future[Any]], picked_at: float) -> Ran | None:
-        """The engine loop: each output counted, recorded when due, checked when its chunk is complete. None when
-        this worker found itself fenced off (paused past its lease: SIGSTOP, a long GC)."""
-        sampling = for_request(req, saved_tokens=len(saved.token_ids), max_tokens=gen.max_tokens)
-        lane_tokens = self.metrics.lane_tokens.labels(pool=self.limits.pool, lane=req.lane)  # once, not per output
-        async for out in self.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
-                                              gen.priority, sampling):
-            now = time.time()
-            if req.generation_id in self.cancels:
-                await self.engine.abort(req.generation_id)  # the cancel raced the engine's admission
-            took = state.took(out, now)
-            if took.first:
-                self.metrics.ttft.observe(now - picked_at)
-                self.metrics.prompt_seen(state.prompt_tokens, state.cached)
-            if took.announce:
-                pending.append(await self._started(req, state.first_token_at, state.cached, gen.resumed))
-            if took.check_fence and await self.fence.fenced(req.generation_id):
-                await self.engine.abort(req.generation_id)
-                await asyncio.gather(*pending)
-                return None
-            check = guard is not None and guard.add(out.text, took.tokens, out.finished)
-            if took.tokens:
-                self.metrics.tokens.inc(took.tokens)
-                lane_tokens.inc(took.tokens)
-            # What the safety check reads is in records before it decides (held back or already shown, as
-            # the plan says); a finish or a cancel goes out at once.
-            if state.due(now, urgent=out.finished or check or req.generation_id in self.cancels):
-                await self._flush(req, state, now, guard, pending)
-            if took.gap_s is not None:
-                self.metrics.itl.observe(took.gap_s)
-            if check and guard is not None:
-                blocked = await self._checked(req, guard)
-                if blocked is not None:
-                    return Ran(None, blocked)
-                for held in guard.passed():
-                    pending.append(await self._append(held))
-                    state.sent(held.seq)
-            if out.finished:
-                return Ran(out.finish_reason, None)
-        return Ran(None, None)
-
-    async def _ended(self, req: GenerationRequested, state: ReplyStream, guard: OutputGuard | None, end: Ended,
-                     picked_at: float) -> None:
-        """The reply's records have landed: drop what the output check held and never passed, or retract the
-        reply it flagged, then write the finish."""
-        status, reason, block = end.status, end.reason, None
-        if guard is not None and guard.held and end.blocked is None:  # the engine failed mid-chunk
-            state.unshown("".join(h.text for h in guard.held))
-        if status == "stopped" and end.blocked is None:
-            self.metrics.aborts.inc()
-        if end.blocked is not None and self.safety is not None:
-            notice = await self.safety.retract(self.producer, self.redis, self.topics.tokens, req, end.blocked,
-                                               state.shown)
-            status, block = "blocked", end.blocked.block("output")
-            state.retracted(notice)
-            reason = f"output check: {block.category} ({block.score:.2f}), rules {block.rules_version}"
-        await self.finisher.finish(finished_event(req, self.limits, self.worker_id, status, state.reply, state.usage(),
-                                          state.last_seq, reason, picked_at, state.first_token_at, block))
-
-    async def _flush(self, req: GenerationRequested, state: ReplyStream, now: float, guard: OutputGuard | None,
-                     pending: list[asyncio.Future[Any]]) -> None:
-        """One record of what was gathered, handed to the producer, or held back while the safety check
-        has not passed its chunk."""
-        step = state.record(now, self.fence.epoch(req.generation_id))
-        if guard is not None and guard.holds:
-            guard.hold(step)  # shown once its chunk has passed the check
-            return
-        pending.append(await self._append(step))
-        state.sent(step.seq)
-
-    async def _append(self, step: TokensAppended) -> asyncio.Future[Any]:
-        """Checked (when held back) in clear here; sealed on the way out. The value leaves out the generation id:
-        the record key is it."""
-        gid = step.generation_id
-        return await self.producer.send(self.topics.tokens, keyless(await self._seal(step)), key=gid.encode(),
-                                        partition=self.appender.partition(self.topics.tokens, gid))
-
-    async def _checked(self, req: GenerationRequested, guard: OutputGuard) -> Verdict | None:
-        """Classify the chunk just completed; a flagged one aborts the sequence before the next step."""
-        if self.safety is None:
-            return None  # no output check: no guard was made, nothing to classify
-        verdict = await self.safety.check(guard, req)
-        if verdict.flagged:
-            await self.engine.abort(req.generation_id)
-        return verdict if verdict.flagged else None
-
-    async def _started(self, req: GenerationRequested, first_token_at: float, cached: int,
-                       resumed: bool) -> asyncio.Future[Any]:
-        """Hand the generation's ``GenerationStarted`` to the producer; the first token goes out behind it without
-        waiting for its ack. (The started marker recovery reads was set when the generation was taken on.)"""
-        return await enqueue(self.producer, self.topics.tokens, GenerationStarted(
-            generation_id=req.generation_id, conversation_id=req.conversation_id, user_id=req.user_id,
-            message_id=req.message_id, model=self.limits.model, pool=self.limits.pool, worker_id=self.worker_id,
-            first_token_at=first_token_at, prompt_tokens=len(req.prompt_token_ids), cached_prompt_tokens=cached,
-            resumed=resumed, epoch=self.fence.epoch(req.generation_id)), key=req.generation_id)
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
