@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+from collections.abc import Awaitable
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -105,19 +106,25 @@ class Conversations:
         puts it there (``touch``, or ``list_where_made`` for an OpenAI call's), or never for a no-retention plan."""
         now = datetime.now(UTC)
         conv = Conversation(new_id(), user_id, title, model, now, source)
+        # Two waits, not four in a row (an OpenAI call makes one before its first token): the key and the owner's
+        # index of every conversation (what delete-all reads) go out together; the conversation's row, and its
+        # list row, once both are stored, so no conversation exists without its key or outside that index.
+        first: list[Awaitable[Any]] = [self.db.execute(
+            "INSERT INTO conversations_of_user (user_id, conversation_id) VALUES (?, ?)",
+            (user_id, conv.conversation_id))]
         if self.sealer is not None:
-            await self.sealer.keys.create(conv.conversation_id, user_id)
+            first.append(self.sealer.keys.create(conv.conversation_id, user_id))
+        await asyncio.gather(*first)
         sealed = await self._seal(conv.conversation_id, title)
-        await self.db.execute(
+        rows = [self.db.execute(
             "INSERT INTO conversations (conversation_id, user_id, title, model, created_at, updated_at, deleted, "
             "source) VALUES (?, ?, ?, ?, ?, ?, false, ?)", (conv.conversation_id, user_id, sealed, model, now, now,
-                                                            source))
-        await self.db.execute("INSERT INTO conversations_of_user (user_id, conversation_id) VALUES (?, ?)",
-                              (user_id, conv.conversation_id))
+                                                            source))]
         if listed:
-            await self.db.execute(
+            rows.append(self.db.execute(
                 "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
-                "VALUES (?, ?, ?, ?, ?, ?)", (user_id, now, conv.conversation_id, sealed, model, source))
+                "VALUES (?, ?, ?, ?, ?, ?)", (user_id, now, conv.conversation_id, sealed, model, source)))
+        await asyncio.gather(*rows)
         return conv
 
     async def get(self, conversation_id: str) -> Conversation | None:

@@ -175,17 +175,23 @@ class DataKeys(FollowedCache):
         (``Conversations.create``) passes an id it has just minted, so no other key can exist to race with."""
         raw = AESGCM.generate_key(256)
         wrapped = self.tenants.wrap(tenant_id, raw, conversation_id.encode())
-        await self.db.execute(
+        # Stored and announced at once: one wait. Announced but not stored (the write failed) is harmless: no
+        # conversation is made without its key, and a key heard is only kept wrapped for a while.
+        await asyncio.gather(self.db.execute(
             "INSERT INTO conversation_keys (conversation_id, tenant_id, wrapped_key, created_at) VALUES (?, ?, ?, ?)",
-            (conversation_id, tenant_id, wrapped, datetime.now(UTC)))
+            (conversation_id, tenant_id, wrapped, datetime.now(UTC))),
+            self._announce(conversation_id, tenant_id, wrapped))
         key = AESGCM(raw)
         self._keep(conversation_id, key, self.heard)
-        if self.redis is not None:
-            try:
-                await self.redis.publish(KEYS_MADE, f"{conversation_id}\n{tenant_id}\n".encode() + wrapped)
-            except Exception as exc:  # noqa: BLE001 - the others read it from Cassandra instead
-                log.warning("conversation %s: key not announced (%s)", conversation_id, type(exc).__name__)
         return key
+
+    async def _announce(self, conversation_id: str, tenant_id: str, wrapped: bytes) -> None:
+        if self.redis is None:
+            return
+        try:
+            await self.redis.publish(KEYS_MADE, f"{conversation_id}\n{tenant_id}\n".encode() + wrapped)
+        except Exception as exc:  # noqa: BLE001 - the others read it from Cassandra instead
+            log.warning("conversation %s: key not announced (%s)", conversation_id, type(exc).__name__)
 
     def heard_other(self, channel: str, data: bytes) -> None:
         """A key made elsewhere: kept wrapped until it is first read here, or ``MADE_KEEP_S``."""
