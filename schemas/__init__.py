@@ -1,6 +1,6 @@
 """Typed events: the contract between stages. Import events from here."""
 from schemas.admission import RequestAdmitted, RequestRefused
-from schemas.base import Event, id_time_ms, new_id
+from schemas.base import Event, id_time, id_time_ms, new_id
 from schemas.codec import ALL_EVENTS, decode, decode_record, encode, keyless
 from schemas.deadletter import EventDeadLettered
 from schemas.deletion import ConversationDeleted, ConversationPurged
@@ -19,5 +19,5 @@ __all__ = [
     "PromptBuilt",
     "RequestAdmitted", "RequestRefused", "TokensAppended", "UnsupportedVersion", "Usage", "UsageRecorded", "decode",
     "decode_record", "keyless",
-    "encode", "id_time_ms", "new_id", "own_client_message_id",
+    "encode", "id_time", "id_time_ms", "new_id", "own_client_message_id",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import ClassVar
 
 import msgspec
@@ -42,3 +43,11 @@ def new_id() -> str:
 def id_time_ms(id_: str) -> int:
     """Milliseconds since the epoch at which a ``new_id`` was made."""
     return uuid.UUID(id_).int >> 80
+
+
+def id_time(id_: str) -> datetime | None:
+    """When a ``new_id`` was made, to the millisecond; None for an id that is not one (``<id>:summary``)."""
+    try:
+        return datetime.fromtimestamp(id_time_ms(id_) / 1000, UTC)
+    except ValueError:
+        return None

@@ -25,7 +25,7 @@ from infra.stores.crypto import KeyGone
 from infra.stores.records import Records, Summary
 from infra.stores.sealing import Sealer
 from infra.stores.search import TITLE, SearchIndex
-from schemas import GenerationFinished, GenerationRequested
+from schemas import GenerationFinished, GenerationRequested, id_time
 from schemas.scheduler import BACKGROUND_PRIORITY
 from streams.app import applied, topic
 from topics import GENERATE, Role, Topics
@@ -95,9 +95,9 @@ class Persistence:
         # The user message it answers (indexed with it, and the title's question) rides in the event: a finish
         # that carries none (made by the scheduler or the reaper, or written before) reads the turn's two rows,
         # the reply's placeholder (its created_at) and that message. An API reply needs neither. Without the
-        # read, the reply is dated from its generation's start.
+        # read, the reply is dated as its placeholder was: by its id's time.
         user = (e.parent_id, e.question) if page and e.parent_id and e.question else None
-        made = datetime.fromtimestamp(e.started_at, UTC) if e.started_at else finished_at
+        made = id_time(e.message_id) or (datetime.fromtimestamp(e.started_at, UTC) if e.started_at else finished_at)
         if page and user is None:
             turn = await self.conversations.messages_of_turn(
                 e.conversation_id, e.turn, {e.message_id} | ({e.parent_id} if e.parent_id else set()))

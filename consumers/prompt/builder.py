@@ -35,6 +35,7 @@ from schemas import (
     PromptBuilt,
     RequestAdmitted,
     RequestRefused,
+    id_time,
     own_client_message_id,
 )
 from schemas.scheduler import BACKGROUND_PRIORITY
@@ -188,13 +189,13 @@ class PromptBuilder:
                     max((m.turn for m in history if m.role == "user"), default=-1) + 1)
         await self.conversations.save_message(Message(
             e.conversation_id, turn, e.message_id, "user", e.notice, status="blocked", generation_id=e.generation_id,
-            client_message_id=e.client_message_id, created_at=datetime.fromtimestamp(e.at, UTC),
-            block_category=e.block.category, rules_version=e.block.rules_version))
+            client_message_id=e.client_message_id, block_category=e.block.category,
+            created_at=id_time(e.message_id) or datetime.fromtimestamp(e.at, UTC), rules_version=e.block.rules_version))
         log.info("generation %s: user message saved as blocked (%s, rules %s)", e.generation_id, e.block.category,
                  e.block.rules_version)
 
     def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message | None]:
-        return place(req, history, datetime.now(UTC))
+        return place(req, history, id_time(req.message_id) or datetime.now(UTC))  # a redelivery: the same time
 
     def _build(self, req: RequestAdmitted, history: list[Message], summary: Summary | None,
                user_message: Message) -> Built | TooLong:
@@ -262,7 +263,7 @@ class PromptBuilder:
             return []  # already finished (this record is a redelivery): never overwrite the saved reply
         return [Message(req.conversation_id, turn, req.generation_id, "assistant", "", status="generating",
                         pool=req.pool, parent_id=user_message_id, generation_id=req.generation_id,
-                        route_reason=req.route_reason, created_at=datetime.now(UTC))]
+                        route_reason=req.route_reason, created_at=id_time(req.generation_id) or datetime.now(UTC))]
 
     async def _too_long(self, req: RequestAdmitted, too_long: TooLong) -> list[Out]:
         return await self._refused(req, 413, "too_long", (

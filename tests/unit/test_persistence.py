@@ -1,7 +1,8 @@
 """Persistence's logic with fake stores: the reply saved, one title request, titles and summaries stored."""
 from __future__ import annotations
 
-from schemas import GenerationFinished, GenerationRequested, Usage
+from consumers.prompt.builder import PromptBuilder
+from schemas import GenerationFinished, GenerationRequested, RequestAdmitted, Usage, id_time, new_id
 from schemas.scheduler import BACKGROUND_PRIORITY
 from streams.persistence import Persistence
 from tests.fake_stores import FakeConversations, FakeRecords, FakeRedis, conversation
@@ -94,7 +95,15 @@ async def test_a_finish_carrying_its_question_is_indexed_and_titled_without_read
     assert convs.reads == 0 and index.entries == [("um", 0, "What is the capital of France?"), ("g1", 0, "Paris.")]
     assert request.purpose == "title"  # asked with the carried question: its prompt holds it
     assert request.prompt_token_ids == [len("User: What is the capital of France?\nAssistant: Paris.")]
-    assert convs.messages[("c", 0, "g1")].created_at.timestamp() == 1_789_999_999.0  # dated from its start
+    assert convs.messages[("c", 0, "g1")].created_at.timestamp() == 1_789_999_999.0  # no id time: its start
+    # A reply's id is a time-ordered one: it is dated by it, as the prompt builder dated its placeholder, so the
+    # saved row's date is the one a reader saw while it streamed (and a redelivery writes the same).
+    gid = new_id()
+    await p.handle(msgspec.structs.replace(carried, generation_id=gid, message_id=gid))
+    assert convs.messages[("c", 0, gid)].created_at == id_time(gid) == PromptBuilder._placeholder(
+        RequestAdmitted(generation_id=gid, conversation_id="c", user_id="u", plan="free", message_id="um",
+                        client_message_id="k", content="?", pool="large", reply_cap=8, reserved_tokens=9),
+        0, "um", [])[0].created_at
     # A finish that carries none (made by the scheduler or the reaper) reads the turn, as before.
     convs.messages[("c", 0, "um")] = dataclasses.replace(convs.messages[("c", 0, "g1")], message_id="um", role="user",
                                                          content="Capital?")
