@@ -24,7 +24,14 @@ from infra.stores.retry import until_stored
 from infra.stores.sealing import Sealer
 from schemas import Event
 from topics import Role, Topics
-from topics.clients import deadletter, decode_or_deadletter, enqueue, make_consumer, make_producer
+from topics.clients import (
+    STEADY_FETCH_WAIT_MS,
+    deadletter,
+    decode_or_deadletter,
+    enqueue,
+    make_consumer,
+    make_producer,
+)
 from topics.metrics import STAGE_HANDLE_SECONDS, STAGE_RECORDS
 from topics.runner import Runner
 
@@ -63,7 +70,7 @@ class Stage(Runner):
         """Fresh Kafka clients (a stopped aiokafka client cannot start again), for a restart after a failure."""
         self.producer = make_producer(self.settings.kafka_bootstrap)
         self.consumer = make_consumer(self.settings.kafka_bootstrap, self._source, group_id=self.group,
-                                      **self._consumer_options)
+                                      **({"fetch_max_wait_ms": STEADY_FETCH_WAIT_MS} | self._consumer_options))
 
     def clients(self) -> list[Any]:
         return [self.producer, self.consumer]

@@ -45,6 +45,13 @@ def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:
     return AIOKafkaProducer(**options)
 
 
+# A consumer whose partitions are never paused (every stage's but the workers' intake, which pauses and resumes
+# its lanes) waits this long on an idle fetch: a record for any partition in the fetch still answers it at once,
+# and the broker is asked 0.2 times a second instead of twice. A fetch sent while some partitions are paused
+# leaves them out, and a record for them once resumed waits for that fetch's answer: there, the wait is a latency.
+STEADY_FETCH_WAIT_MS = 5_000
+
+
 def make_consumer(bootstrap: str, *topic_names: str, group_id: str | None, **overrides: Any) -> AIOKafkaConsumer:
     options: dict[str, Any] = dict(
         bootstrap_servers=bootstrap,

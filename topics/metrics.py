@@ -47,22 +47,39 @@ def lag_by_topic(committed: dict[TopicPartition, int], end: dict[TopicPartition,
     return lag
 
 
-async def measure_lag(admin: Any, consumer: Any, groups: Iterable[str]) -> dict[tuple[str, str], int]:
+async def measure_lag(admin: Any, consumer: Any, groups: Iterable[str],
+                      coordinators: dict[str, int] | None = None) -> dict[tuple[str, str], int]:
     """(group, topic) -> lag for each group with committed offsets, over the topics it committed on (a group
-    that never ran has nothing to say yet); sets :data:`CONSUMER_LAG`. ``consumer``: a started, group-less one."""
+    that never ran has nothing to say yet); sets :data:`CONSUMER_LAG`. ``consumer``: a started, group-less one.
+
+    One offset fetch per group, then the ends and starts of every partition any group committed on in one
+    request each, not one pair per group. ``coordinators`` (group -> broker), kept by the caller between polls,
+    spares a lookup per group per poll; a group whose fetch fails is looked up again next time."""
     from topics.clients import topic_partitions
 
-    found: dict[tuple[str, str], int] = {}
+    known = {} if coordinators is None else coordinators
+    committed: dict[str, dict[TopicPartition, int]] = {}
     for group in groups:
-        offsets = await admin.list_consumer_group_offsets(group)
-        committed = {tp: meta.offset for tp, meta in offsets.items() if meta is not None and meta.offset >= 0}
-        if not committed:
-            continue
-        names = sorted({tp.topic for tp in committed})
-        parts = [TopicPartition(t, p) for t in names for p in await topic_partitions(consumer, t)]
-        end = await consumer.end_offsets(parts)
-        start = await consumer.beginning_offsets(parts)
-        for topic, lag in lag_by_topic(committed, end, start).items():
+        if group not in known:
+            known[group] = await admin.find_coordinator(group)
+        try:
+            offsets = await admin.list_consumer_group_offsets(group, known[group])
+        except Exception:
+            known.pop(group, None)  # moved, or gone: found again on the next poll
+            raise
+        mine = {tp: meta.offset for tp, meta in offsets.items() if meta is not None and meta.offset >= 0}
+        if mine:
+            committed[group] = mine
+    names = sorted({tp.topic for mine in committed.values() for tp in mine})
+    parts = [TopicPartition(t, p) for t in names for p in await topic_partitions(consumer, t)]
+    if not parts:
+        return {}
+    end, start = await consumer.end_offsets(parts), await consumer.beginning_offsets(parts)
+    found: dict[tuple[str, str], int] = {}
+    for group, mine in committed.items():
+        topics = {tp.topic for tp in mine}
+        ends = {tp: at for tp, at in end.items() if tp.topic in topics}
+        for topic, lag in lag_by_topic(mine, ends, start).items():
             CONSUMER_LAG.labels(group=group, topic=topic).set(lag)
             found[(group, topic)] = lag
     return found

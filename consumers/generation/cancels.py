@@ -13,6 +13,7 @@ from typing import Any
 
 from schemas import CancelRequested, decode
 from schemas.errors import EventDecodeError
+from topics.clients import STEADY_FETCH_WAIT_MS
 from topics.replay import open_reader
 
 CANCEL_MEMORY_S = 15 * 60  # a cancel may arrive before its request is picked up
@@ -28,7 +29,8 @@ class Cancels:
 
     async def follow(self, bootstrap: str, topic: str) -> None:
         """Hear the control topic until cancelled, from ``memory_s`` ago."""
-        reader = await open_reader(bootstrap, topic, since_ms=int((time.time() - self.memory_s) * 1000))
+        reader = await open_reader(bootstrap, topic, since_ms=int((time.time() - self.memory_s) * 1000),
+                                   fetch_max_wait_ms=STEADY_FETCH_WAIT_MS)  # a cancel answers the fetch at once
         try:
             async for record in reader.consumer:
                 await self.on_record(record.value)

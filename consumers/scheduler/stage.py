@@ -53,7 +53,7 @@ from schemas.prompt import PoolPrompt
 from schemas.scheduler import LANE_PRIORITY
 from topics import GENERATE, Role, Topics
 from topics.catalogue import DEADLETTER, GENERATION, PROMPTS, REPLIES, SCHEDULER, TOKENS
-from topics.clients import enqueue, make_consumer
+from topics.clients import STEADY_FETCH_WAIT_MS, enqueue, make_consumer
 from topics.partitioning import partition_for
 
 log = logging.getLogger(__name__)
@@ -297,7 +297,7 @@ class SchedulerStage(Stage):
 
     async def _follow_replies(self) -> None:
         consumer = make_consumer(self.settings.kafka_bootstrap, self.topics.replies, group_id=None,
-                                 auto_offset_reset="latest")
+                                 auto_offset_reset="latest", fetch_max_wait_ms=STEADY_FETCH_WAIT_MS)
         await consumer.start()
         try:
             async for record in consumer:

@@ -38,10 +38,11 @@ async def poll(settings: Settings, redis: Any, every_s: float = POLL_S) -> None:
     await admin.start()
     await reader.start()
     groups = catalogue_groups(settings.topic_prefix, load_pools(settings))
+    coordinators: dict[str, int] = {}
     try:
         while True:
             try:
-                await measure_lag(admin, reader, groups)
+                await measure_lag(admin, reader, groups, coordinators)
                 RESERVATIONS.set(await redis.zcard(keys.reservations_by_expiry(settings.topic_prefix)))
             except (KafkaError, RedisError, OSError, RuntimeError) as exc:
                 log.warning("telemetry poll failed: %s", type(exc).__name__)

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 
+import pytest
 from aiokafka import TopicPartition
 from prometheus_client import REGISTRY
 
@@ -138,3 +139,49 @@ def test_a_queued_reply_records_its_real_wait_less_the_wait_it_was_shown() -> No
     watch.seen(_tokens("Hi"))  # at once: 30 s shorter than first shown
     assert _sample("parley_gateway_queued_wait_error_seconds_count", plan="free", pool="large") == before + 1
     assert _sample("parley_gateway_queued_wait_error_seconds_bucket", plan="free", pool="large", le="-4.0") == under + 1
+
+
+async def test_lag_asks_each_coordinator_once_and_every_groups_ends_in_one_request() -> None:
+    from types import SimpleNamespace
+
+    from topics.metrics import measure_lag
+
+    a0, a1, b0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
+
+    class Admin:
+        lookups: list[str] = []
+        fail: set[str] = set()
+
+        async def find_coordinator(self, group: str) -> int:
+            self.lookups.append(group)
+            return 1
+
+        async def list_consumer_group_offsets(self, group: str, coordinator: int):  # type: ignore[no-untyped-def]
+            assert coordinator == 1
+            if group in self.fail:
+                raise RuntimeError("not coordinator")
+            return {"g1": {a0: SimpleNamespace(offset=7)}, "g2": {b0: SimpleNamespace(offset=1)}}.get(group, {})
+
+    class Reader:
+        asked: list[list[TopicPartition]] = []
+
+        def partitions_for_topic(self, topic: str) -> set[int]:
+            return {0, 1} if topic == "a" else {0}
+
+        async def end_offsets(self, parts):  # type: ignore[no-untyped-def]
+            self.asked.append(parts)
+            return {a0: 10, a1: 5, b0: 4}
+
+        async def beginning_offsets(self, parts):  # type: ignore[no-untyped-def]
+            return {a0: 0, a1: 2, b0: 0}
+
+    admin, reader, known = Admin(), Reader(), {}  # type: ignore[var-annotated]
+    groups = ["g1", "g2", "never-ran"]
+    assert await measure_lag(admin, reader, groups, known) == {("g1", "a"): 3 + 3, ("g2", "b"): 3}
+    assert await measure_lag(admin, reader, groups, known) == {("g1", "a"): 6, ("g2", "b"): 3}
+    assert admin.lookups == groups  # looked up on the first poll only
+    assert [sorted(p) for p in reader.asked] == [[a0, a1, b0]] * 2  # one request a poll, not one a group
+    admin.fail = {"g2"}
+    with pytest.raises(RuntimeError):
+        await measure_lag(admin, reader, groups, known)
+    assert "g2" not in known and "g1" in known  # a failed group is looked up again next time
