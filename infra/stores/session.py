@@ -57,6 +57,9 @@ def connect(settings: Settings, keyspace: str | None = "") -> tuple[Cluster, Ses
             consistency_level=ConsistencyLevel.name_to_value[settings.cassandra_consistency])},
         protocol_version=5,
         connect_timeout=10,
+        # The driver gives the control connection's reads of the system tables 2 s; a Cassandra just restarted
+        # on a busy 2-core machine took longer, and a stage starting then failed to connect at all.
+        control_connection_timeout=10,
         # The driver's default backoff grows to 600 s, so a client kept answering 503 for about a minute
         # after Cassandra was back. Capped at 5 s: at most one probe every 5 s per host while it is down.
         reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=RECONNECT_MAX_S,

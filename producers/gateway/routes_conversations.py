@@ -3,7 +3,6 @@ rename, delete one, delete all of an account's."""
 from __future__ import annotations
 
 import unicodedata
-from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -17,6 +16,7 @@ from producers.gateway import deletion
 from producers.gateway.auth import current_user, gateway_of
 from producers.gateway.errors import ApiError, not_found, responses
 from producers.gateway.text import Text
+from producers.gateway.transcript import iso
 
 router = APIRouter(prefix="/v1", tags=["conversations"], responses=responses(401, 422, 503))
 
@@ -119,7 +119,7 @@ async def list_conversations(request: Request, cursor: str | None = None, limit:
                                                         source=None if source == "all" else source)
     next_cursor = gw.cursors.sign(scope, inner)
     return {"items": [{"conversation_id": c.conversation_id, "title": c.title, "model": c.model,
-                       "updated_at": _iso(c.updated_at), "source": c.source} for c in items],
+                       "updated_at": iso(c.updated_at), "source": c.source} for c in items],
             "next_cursor": next_cursor}
 
 
@@ -159,10 +159,6 @@ def message_json(m: Message) -> dict[str, Any]:
             "parent_id": m.parent_id, "generation_id": m.generation_id, "model": m.model, "pool": m.pool,
             "route_reason": m.route_reason, "usage": {"in": m.tokens_in or 0, "out": m.tokens_out or 0,
                                                       "cached": m.tokens_cached or 0},
-            "created_at": _iso(m.created_at), "finished_at": _iso(m.finished_at),
+            "created_at": iso(m.created_at), "finished_at": iso(m.finished_at),
             "block": {"category": m.block_category, "rules_version": m.rules_version}
             if m.status == "blocked" else None}
-
-
-def _iso(ts: datetime | None) -> str | None:
-    return ts.isoformat() + ("Z" if ts.tzinfo is None else "") if ts else None

@@ -110,12 +110,18 @@ async def _streaming(seen: list[Send], clients: list[asyncio.Task[Send]], replie
 async def _checked(stack: PrivateStack, name: str, sends, since: datetime, recovered_s: float,  # type: ignore[no-untyped-def]
                    notes: list[str] | None = None, expect: frozenset[str] = EXPECTED) -> Counts:
     import redis.asyncio as aioredis
+    from cassandra.cluster import NoHostAvailable
 
     from infra.stores.session import AsyncSession, connect
 
     counts = None
-    for _ in range(30):  # persistence and settlement catch up after the fault
-        cluster, session = connect(stack.settings)
+    for attempt in range(30):  # persistence and settlement catch up after the fault
+        try:
+            cluster, session = connect(stack.settings)
+        except NoHostAvailable:  # a Cassandra just back may answer CQL before it answers quickly
+            assert attempt < 29, "Cassandra unreachable after the fault"
+            await asyncio.sleep(2)
+            continue
         redis = aioredis.Redis.from_url(stack.settings.redis_url)
         try:
             counts = await check(sends, settings=stack.settings, db=AsyncSession(session), redis=redis, since=since,

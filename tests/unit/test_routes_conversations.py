@@ -176,3 +176,16 @@ async def test_a_new_conversation_keeps_its_own_copy_of_the_instructions_unless_
     assert key == (made, -1, INSTRUCTIONS_ID) and copy.role == "system"
     private = (await http.post("/v1/conversations", json={}, headers=auth("pat"))).json()["conversation_id"]
     assert await gw.conversations.all_messages(private) == []
+
+
+def test_a_message_reads_the_same_time_in_the_history_and_the_export() -> None:
+    """A row saved on a whole second still shows its milliseconds, as the export writes it."""
+    from datetime import datetime
+
+    from infra.stores.conversations import Message
+    from producers.gateway.transcript import message_json as exported
+    for at in (datetime(2026, 12, 5, 13, 46, 37), datetime(2026, 12, 5, 13, 46, 37, 353000)):
+        m = Message("c1", 1, "m1", "user", "hi", created_at=at, finished_at=at)
+        listed = routes_conversations.message_json(m)
+        assert listed["created_at"] == exported(m)["created_at"]
+        assert listed["created_at"].endswith(".000Z" if at.microsecond == 0 else ".353Z")
