@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request
@@ -25,7 +24,7 @@ from producers.gateway.errors import ApiError, not_found, responses
 from producers.gateway.state import Gateway
 from producers.gateway.streaming import follow, saved_frames
 from producers.gateway.text import Text
-from schemas import MessageSubmitted, id_time_ms, new_id
+from schemas import MessageSubmitted, id_time_ms, new_id, own_client_message_id
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["chat"], responses=responses(401, 422, 503))
@@ -232,22 +231,16 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
                        regenerate: bool = False, edit_of: str | None = None, max_tokens: int | None = None,
                        sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
     generation_id = gw.new_generation_id()
-    # The client's id and the content are matched, never read back: both kept as keyed hashes, not in clear.
-    cmid = (f"c-{gw.sealer.digest(user.user_id, conversation_id, client_message_id)}" if client_message_id
-            else f"auto-{uuid.uuid4().hex}")
-    claim_key, fingerprint = keys.client_message(conversation_id, cmid), gw.sealer.digest(user.user_id, content)[:16]
-    claimed = await gw.redis.set(claim_key, f"{generation_id} {fingerprint}", nx=True, ex=CMID_TTL_S)
-    if not claimed:  # a retry: attach to the generation the first request started
-        existing, _, was = ((await gw.redis.get(claim_key)) or b"").decode().partition(" ")
-        if was and was != fingerprint:
-            raise ApiError(409, "client_message_id_reused", "This client_message_id was already used for a "
-                                                            "different message. Use a new id for new content.")
-        if existing:
-            log.info("client_message_id retry attaches to generation %s", existing)
-            return _sse(gw, existing, conversation_id, after=None, queue=None, first=None)
-        if not await gw.redis.set(claim_key, f"{generation_id} {fingerprint}", nx=True, ex=CMID_TTL_S):
-            raise ApiError(409, "client_message_id_busy", "Another request with this client_message_id is "
-                                                          "starting right now; retry in a moment.")
+    if not client_message_id:
+        # Nothing can retry under an id the client never had (the page sends none): the id is made from the
+        # generation's own, so neither this gateway's Redis claim nor the prompt build's durable one (a Paxos
+        # round on a new id) is asked for.
+        cmid, claim_key = own_client_message_id(generation_id), None
+    else:
+        cmid, claim_key = await _claim(gw, user, conversation_id, client_message_id, content, generation_id)
+        if claim_key is None:  # a retry: attach to the generation the first request started
+            log.info("client_message_id retry attaches to generation %s", cmid)
+            return _sse(gw, cmid, conversation_id, after=None, queue=None, first=None)
     try:
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
@@ -256,11 +249,33 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
             max_tokens=max_tokens, temperature=sampled.temperature if sampled else None,
             sampling=sampled.sampling if sampled else None))
     except Exception:  # refused, or never acknowledged: a later retry with this id must start afresh
-        with contextlib.suppress(RedisError):
-            await gw.redis.delete(claim_key)
+        if claim_key is not None:
+            with contextlib.suppress(RedisError):
+                await gw.redis.delete(claim_key)
         raise
     return _sse(gw, generation_id, conversation_id, after=None, queue=accepted.queue, first=accepted.first,
                 on_event=accepted.watch.seen if accepted.watch else None)
+
+
+async def _claim(gw: Gateway, user: User, conversation_id: str, client_message_id: str, content: str,
+                 generation_id: str) -> tuple[str, str | None]:
+    """The client's id for this message, claimed in Redis for ``generation_id``: (the id as sent on, the claim's
+    key). A retry of a request that claimed it first gets (that request's generation id, None)."""
+    # The client's id and the content are matched, never read back: both kept as keyed hashes, not in clear.
+    cmid = f"c-{gw.sealer.digest(user.user_id, conversation_id, client_message_id)}"
+    claim_key, fingerprint = keys.client_message(conversation_id, cmid), gw.sealer.digest(user.user_id, content)[:16]
+    if await gw.redis.set(claim_key, f"{generation_id} {fingerprint}", nx=True, ex=CMID_TTL_S):
+        return cmid, claim_key
+    existing, _, was = ((await gw.redis.get(claim_key)) or b"").decode().partition(" ")
+    if was and was != fingerprint:
+        raise ApiError(409, "client_message_id_reused", "This client_message_id was already used for a "
+                                                        "different message. Use a new id for new content.")
+    if existing:
+        return existing, None
+    if not await gw.redis.set(claim_key, f"{generation_id} {fingerprint}", nx=True, ex=CMID_TTL_S):
+        raise ApiError(409, "client_message_id_busy", "Another request with this client_message_id is "
+                                                      "starting right now; retry in a moment.")
+    return cmid, claim_key
 
 
 async def _retracted(gw: Gateway, generation_id: str) -> bool:

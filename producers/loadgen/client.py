@@ -7,7 +7,6 @@ Every event is read, so the gateway delivers the whole reply as a browser would 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +73,7 @@ class ChatClient:
     async def send(self, turn: Turn, record: RequestRecord) -> None:
         """Post ``turn`` and read its reply into ``record``; never raises for what the service answered."""
         conv = turn.conversation
-        body: dict[str, Any] = {"content": turn.content, "client_message_id": uuid.uuid4().hex}
+        body: dict[str, Any] = {"content": turn.content}  # as the page sends it: no retry, so no client_message_id
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens
         try:

@@ -28,6 +28,8 @@ PER_CHAT_MESSAGE = 15  # the first of a conversation: its title is asked for, sa
 #   read: the stages and workers heard the key made)
 PER_FOLLOW_UP = 10  # 9: the data key and the owner are read once per process while deletions can be heard; the
 #   user message rides to persistence in the events (not read back to be indexed)
+PER_PAGE_FOLLOW_UP = 9  # 8: the page sends no client_message_id, so nothing is claimed (a follow-up that
+#   names one pays its durable claim, a Paxos round: 9)
 PER_OPENAI_REQUEST = 9  # 8: no history read, no placeholder (the conversation is made for the call), no key read,
 #   listed where it was made (no update of its row); no request writes a ``generations`` row (its reply's row
 #   names the generation)
@@ -113,8 +115,8 @@ async def test_one_chat_message_and_one_openai_request(service: PrivateService) 
         conversation_id = r.json()["conversation_id"]
 
         async def chat_message(content: str = "What colour is the sky on a clear day?\nAnswer in one line.",
-                               client_message_id: str = "counts-1") -> None:
-            body = {"content": content, "client_message_id": client_message_id}
+                               client_message_id: str | None = "counts-1") -> None:
+            body = {"content": content, **({"client_message_id": client_message_id} if client_message_id else {})}
             async with http.stream("POST", f"/v1/conversations/{conversation_id}/messages", json=body) as response:
                 assert response.status_code == 200
                 text = "".join([line async for line in response.aiter_lines()])
@@ -130,15 +132,22 @@ async def test_one_chat_message_and_one_openai_request(service: PrivateService) 
         async def follow_up() -> None:
             await chat_message("And at sunset?", "counts-2")
 
+        async def page_follow_up() -> None:  # as the page sends it: no client_message_id, nothing to claim
+            await chat_message("And at night?", None)
+
         chat, chat_records = await _cost(counter, service.settings, chat_message)
         more, more_records = await _cost(counter, service.settings, follow_up)
+        page, page_records = await _cost(counter, service.settings, page_follow_up)
         api, api_records = await _cost(counter, service.settings, openai_request)
     assert 0 < sum(chat.values()) <= PER_CHAT_MESSAGE, chat
     assert 0 < sum(more.values()) <= PER_FOLLOW_UP, more
+    assert 0 < sum(page.values()) <= PER_PAGE_FOLLOW_UP, page
+    assert not [k for k in page if k.endswith(" messages_by_client_id")], page  # no claim on a new id
     assert 0 < sum(api.values()) <= PER_OPENAI_REQUEST, api
     for records, budget, generated in (
             (chat_records, RECORDS_PER_CHAT_MESSAGE, SIM["reply_tokens"] + TITLE_TOKENS),
             (more_records, RECORDS_PER_FOLLOW_UP, SIM["reply_tokens"]),
+            (page_records, RECORDS_PER_FOLLOW_UP, SIM["reply_tokens"]),
             (api_records, RECORDS_PER_OPENAI_REQUEST, SIM["reply_tokens"])):
         tokens = _token_records(records)
         assert 0 < tokens <= generated * TOKEN_RECORDS_PER_TOKEN, records

@@ -27,6 +27,7 @@ from schemas import (
     TokensAppended,
     Usage,
     new_id,
+    own_client_message_id,
 )
 from tests.fake_stores import FakeConversations, FakeRedis, FakeSealer, conversation
 
@@ -185,6 +186,22 @@ async def test_a_message_streams_its_reply_and_a_retry_attaches_to_the_same_gene
     again = await post(http, {"content": "Capital of France?", "client_message_id": "m-1"})
     assert again.headers["X-Generation-Id"] == gid and events(again.text)[-1] == "message_end"
     assert len(submitted) == 1  # the retry produced nothing new
+
+
+async def test_a_message_without_a_client_id_claims_nothing(
+        client: tuple[httpx.AsyncClient, Gateway], submitted: list[MessageSubmitted]) -> None:
+    """The page sends no client_message_id: no retry can name the message, so its id is made from the generation's
+    (the prompt build then asks Cassandra for no claim) and nothing is claimed in Redis."""
+    http, gw = client
+    before = set(gw.redis.values)
+    first = await post(http, {"content": "Capital of France?"})
+    second = await post(http, {"content": "Capital of France?"})
+    assert first.status_code == second.status_code == 200
+    assert [r.client_message_id for r in submitted] == [own_client_message_id(first.headers["X-Generation-Id"]),
+                                                        own_client_message_id(second.headers["X-Generation-Id"])]
+    assert first.headers["X-Generation-Id"] != second.headers["X-Generation-Id"]  # two messages, not a retry
+    made = set(gw.redis.values) - before
+    assert not [k for k in made if k.startswith(keys.client_message("c", ""))], made
 
 
 async def test_a_refusal_is_a_plain_http_error_and_frees_the_retry_key(
