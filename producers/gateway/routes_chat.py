@@ -235,12 +235,14 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
         # Nothing can retry under an id the client never had (the page sends none): the id is made from the
         # generation's own, so neither this gateway's Redis claim nor the prompt build's durable one (a Paxos
         # round on a new id) is asked for.
-        cmid, claim_key = own_client_message_id(generation_id), None
+        cmid, claim_key = own_client_message_id(generation_id), ""
     else:
-        cmid, claim_key = await _claim(gw, user, conversation_id, client_message_id, content, generation_id)
-        if claim_key is None:  # a retry: attach to the generation the first request started
-            log.info("client_message_id retry attaches to generation %s", cmid)
-            return _sse(gw, cmid, conversation_id, after=None, queue=None, first=None)
+        cmid = f"c-{gw.sealer.digest(user.user_id, conversation_id, client_message_id)}"
+        claim_key = keys.client_message(conversation_id, cmid)
+        holder = await _claim(gw, claim_key, gw.sealer.digest(user.user_id, content)[:16], generation_id)
+        if holder != generation_id:  # a retry: attach to the generation the first request started
+            log.info("client_message_id retry attaches to generation %s", holder)
+            return _sse(gw, holder, conversation_id, after=None, queue=None, first=None)
     try:
         accepted = await submission.submit(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id,
@@ -249,7 +251,7 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
             max_tokens=max_tokens, temperature=sampled.temperature if sampled else None,
             sampling=sampled.sampling if sampled else None))
     except Exception:  # refused, or never acknowledged: a later retry with this id must start afresh
-        if claim_key is not None:
+        if claim_key:
             with contextlib.suppress(RedisError):
                 await gw.redis.delete(claim_key)
         raise
@@ -257,25 +259,22 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
                 on_event=accepted.watch.seen if accepted.watch else None)
 
 
-async def _claim(gw: Gateway, user: User, conversation_id: str, client_message_id: str, content: str,
-                 generation_id: str) -> tuple[str, str | None]:
-    """The client's id for this message, claimed in Redis for ``generation_id``: (the id as sent on, the claim's
-    key). A retry of a request that claimed it first gets (that request's generation id, None)."""
-    # The client's id and the content are matched, never read back: both kept as keyed hashes, not in clear.
-    cmid = f"c-{gw.sealer.digest(user.user_id, conversation_id, client_message_id)}"
-    claim_key, fingerprint = keys.client_message(conversation_id, cmid), gw.sealer.digest(user.user_id, content)[:16]
+async def _claim(gw: Gateway, claim_key: str, fingerprint: str, generation_id: str) -> str:
+    """Claim a client's message id in Redis for ``generation_id``; the generation that holds it: this one, or for
+    a retry the one the first request started. The client's id and the content are matched, never read back: the
+    key and ``fingerprint`` are keyed hashes, not the text."""
     if await gw.redis.set(claim_key, f"{generation_id} {fingerprint}", nx=True, ex=CMID_TTL_S):
-        return cmid, claim_key
+        return generation_id
     existing, _, was = ((await gw.redis.get(claim_key)) or b"").decode().partition(" ")
     if was and was != fingerprint:
         raise ApiError(409, "client_message_id_reused", "This client_message_id was already used for a "
                                                         "different message. Use a new id for new content.")
     if existing:
-        return existing, None
+        return existing
     if not await gw.redis.set(claim_key, f"{generation_id} {fingerprint}", nx=True, ex=CMID_TTL_S):
         raise ApiError(409, "client_message_id_busy", "Another request with this client_message_id is "
                                                       "starting right now; retry in a moment.")
-    return cmid, claim_key
+    return generation_id
 
 
 async def _retracted(gw: Gateway, generation_id: str) -> bool:

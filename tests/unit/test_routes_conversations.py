@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -11,10 +12,11 @@ import pytest
 from fastapi import FastAPI
 
 from infra.stores.accounts import User
-from infra.stores.conversations import Conversation
+from infra.stores.conversations import Conversation, Message
 from infra.stores.preferences import INSTRUCTIONS_ID, Prefs, instructions_in
 from producers.gateway import deletion, routes_conversations
 from producers.gateway.app import install_error_handlers
+from producers.gateway.transcript import message_json as exported
 from tests.fake_stores import FakeConversations, conversation
 
 TOKENS = {"tok-ann": User("ann", "free"), "tok-bob": User("bob", "free"), "tok-pat": User("pat", "private")}
@@ -180,10 +182,6 @@ async def test_a_new_conversation_keeps_its_own_copy_of_the_instructions_unless_
 
 def test_a_message_reads_the_same_time_in_the_history_and_the_export() -> None:
     """A row saved on a whole second still shows its milliseconds, as the export writes it."""
-    from datetime import datetime
-
-    from infra.stores.conversations import Message
-    from producers.gateway.transcript import message_json as exported
     for at in (datetime(2026, 12, 5, 13, 46, 37), datetime(2026, 12, 5, 13, 46, 37, 353000)):
         m = Message("c1", 1, "m1", "user", "hi", created_at=at, finished_at=at)
         listed = routes_conversations.message_json(m)
