@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from consumers import admission, purge
+from consumers import admission, persistence, purge
 from consumers.abandoned import AbandonedDetector
 from consumers.prompt import builder
 from consumers.prompt.tokenizer import ChatTokenizer, tokenizer_for
@@ -35,8 +35,8 @@ from infra.stores.sealing import Sealer, configured
 from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession, connect
 from schemas import InputBlocked, RequestAdmitted
-from streams import persistence, settlement, usage_rollup
-from streams.app import FaustStage, make_app
+from streams import settlement, usage_rollup
+from streams.app import FaustStage
 from streams.reaper import Reaper
 from topics import Topics
 from topics.catalogue import (
@@ -95,14 +95,12 @@ def scheduler_stage(r: Resources) -> SchedulerStage:
     return SchedulerStage(r.settings, r.plans, r.pools, r.redis, sealer=r.sealer)
 
 
-def persistence_stage(r: Resources) -> FaustStage:
-    app = make_app(PERSISTENCE, r.settings)
+def persistence_stage(r: Resources) -> Stage:
     conversations = Conversations(r.db, r.sealer)
     saver = persistence.Persistence(conversations, Records(r.db, r.sealer), r.redis, r.topics,
                                     r.tokenizer("small").chat_ids, sealer=r.sealer, keep_nothing=r.keep_nothing,
                                     search=SearchIndex(r.db, conversations))
-    persistence.build_app(app, saver, r.topics)
-    return FaustStage(PERSISTENCE, app)
+    return persistence.build_stage(r.settings, saver)
 
 
 def settlement_stage(r: Resources) -> FaustStage:

@@ -6,11 +6,11 @@ from typing import Any
 
 import msgspec
 
+from consumers.persistence import Persistence
 from infra.stores.conversations import Conversations, Message
 from infra.stores.records import Records
 from infra.stores.search import SearchIndex
 from schemas import GenerationFinished, Usage, new_id
-from streams.persistence import Persistence
 from topics import Topics
 
 

@@ -1,10 +1,10 @@
 """Persistence's logic with fake stores: the reply saved, one title request, titles and summaries stored."""
 from __future__ import annotations
 
+from consumers.persistence import Persistence
 from consumers.prompt.builder import PromptBuilder
 from schemas import GenerationFinished, GenerationRequested, RequestAdmitted, Usage, id_time, new_id
 from schemas.scheduler import BACKGROUND_PRIORITY
-from streams.persistence import Persistence
 from tests.fake_stores import FakeConversations, FakeRecords, FakeRedis, conversation
 from topics import Topics
 
