@@ -25,8 +25,8 @@ from typing import Any
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.records import Records
+from infra.stores.settling import charge_for
 from schemas import GenerationFinished, UsageRecorded
-from streams.settlement import charge_for
 from topics import Role, Topics
 from topics.catalogue import BILLING, REPLIES, USAGE
 from topics.replay import replay as replay_topic

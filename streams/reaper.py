@@ -23,8 +23,8 @@ from infra.config.settings import Settings
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation, Settled
 from infra.stores.retry import HEALTH, MAX_DELAY_S, STORE_DOWN, dependency_of
+from infra.stores.settling import charge_for, publish_usage
 from schemas import GenerationFinished, UsageRecorded
-from streams.settlement import charge_for, publish_usage
 from topics import Role, Topics
 from topics.catalogue import REAPER, REPLIES, USAGE
 from topics.clients import make_producer, send

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from consumers import admission, persistence, purge
+from consumers import admission, persistence, purge, settlement
 from consumers.abandoned import AbandonedDetector
 from consumers.prompt import builder
 from consumers.prompt.tokenizer import ChatTokenizer, tokenizer_for
@@ -35,7 +35,7 @@ from infra.stores.sealing import Sealer, configured
 from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession, connect
 from schemas import InputBlocked, RequestAdmitted
-from streams import settlement, usage_rollup
+from streams import usage_rollup
 from streams.app import FaustStage
 from streams.reaper import Reaper
 from topics import Topics
@@ -103,8 +103,8 @@ def persistence_stage(r: Resources) -> Stage:
     return persistence.build_stage(r.settings, saver)
 
 
-def settlement_stage(r: Resources) -> FaustStage:
-    return FaustStage(SETTLEMENT, settlement.build_app(r.settings, r.quota))
+def settlement_stage(r: Resources) -> Stage:
+    return settlement.build_stage(r.settings, r.quota)
 
 
 def reaper_stage(r: Resources) -> Reaper:

@@ -12,13 +12,13 @@ from typing import Any
 
 from consumers.generation.decisions import Limits
 from consumers.generation.worker import GenerationWorker
+from consumers.settlement import Settlement
 from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation
 from schemas import GenerationFinished, GenerationRequested, UsageRecorded, decode_record, new_id
-from streams.settlement import Settlement
 from tests.fakes import FakeEngine
 from topics import Topics
 from topics.clients import make_consumer, make_producer, send

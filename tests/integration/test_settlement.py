@@ -11,14 +11,16 @@ from typing import Any
 
 import msgspec
 
+from consumers import settlement
 from infra.config.plans import Plan
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Reservation
 from infra.stores.records import Records
+from infra.stores.settling import charge_for
 from schemas import GenerationFinished, Usage, UsageRecorded
-from streams import billing, settlement, usage_rollup
+from streams import billing, usage_rollup
 from topics import Topics
 from topics.clients import make_producer, send
 from topics.replay import replay
@@ -57,7 +59,7 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
         day = reserved.day
         replies.append(finished(gen, user, 300 + i, 10 * i, ("complete", "stopped", "failed")[i % 3]))
     # A failed reply here failed in the engine (it reports usage): it is charged that usage like the others.
-    want = {u: sum(sum(settlement.charge_for(r)) for r in replies if r.user_id == u) for u in users}
+    want = {u: sum(sum(charge_for(r)) for r in replies if r.user_id == u) for u in users}
     # A previous settlement incarnation settled this one and died before publishing its usage.
     crashed = replies[3]
     assert await quota.settle(crashed.generation_id, crashed.usage.prompt_tokens,
@@ -67,9 +69,9 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
     producer = make_producer(settings.kafka_bootstrap)
     await producer.start()
     rollup = usage_rollup.build_app(settings, records)
-    first = settlement.build_app(settings, quota)
+    first = settlement.build_stage(settings, quota)
     await rollup.start()
-    await first.start()
+    first_run = asyncio.create_task(first.run())
     try:
         for r in replies[:5] + [replies[1], finished(uuid.uuid4().hex, users[0], 50, 5, purpose="title")]:
             await send(producer, topics.replies, r, key=r.conversation_id)
@@ -85,11 +87,12 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
         await send(producer, topics.usage, again.usage_recorded(), key=again.user_id)
         for r in replies[5:7]:  # in flight when settlement stops: handled now or after the restart
             await send(producer, topics.replies, r, key=r.conversation_id)
-        await first.stop()
+        first.stop()
+        await first_run
         for r in replies[7:] + [replies[6], replies[0]]:
             await send(producer, topics.replies, r, key=r.conversation_id)
-        second = settlement.build_app(settings, quota)
-        await second.start()
+        second = settlement.build_stage(settings, quota)
+        second_run = asyncio.create_task(second.run())
         try:
             async def all_published() -> bool:
                 return await quota.unpublished() == [] and await quota.expired(time.time() + 3600) == []
@@ -103,7 +106,8 @@ async def test_settlement_and_rollup_charge_once_through_duplicates_and_a_restar
             await eventually(rolled_up)
             await asyncio.sleep(1.0)  # let any late duplicate reach the rollup before checking totals
         finally:
-            await second.stop()
+            second.stop()
+            await second_run
 
         for user in users:
             mine = [r for r in replies if r.user_id == user]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from infra.stores.conversations import Message
 from infra.stores.finished import overlay
+from infra.stores.settling import charge_for
 from schemas import GenerationFinished, Usage, UsageRecorded
 from streams.billing import unmatched_charges
-from streams.settlement import charge_for
 
 
 def _finished(gid: str, status: str = "complete", text: str = "Paris.") -> GenerationFinished:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
+from consumers.settlement import Settlement
 from infra.stores import keys
 from infra.stores.retry import HEALTH, until_stored
 from schemas import GenerationFinished, Usage, UsageRecorded
-from streams.settlement import Settlement
 from tests.fake_stores import FakeQuota, settled_marker
 
 

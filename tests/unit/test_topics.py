@@ -20,6 +20,7 @@ from topics.catalogue import (
     PROMPT,
     PURGE,
     SCHEDULER,
+    SETTLEMENT,
     STAGES,
     Topic,
 )
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGE_FOLDERS = ("consumers", "streams", "producers")
 # Stages run by consumers.stage.Stage: the loop subscribes to the first topic of their ROLE, so their code never
 # names it, and it dead-letters for them.
-STAGE_LOOP = {ADMISSION, PROMPT, SCHEDULER, PERSISTENCE, PURGE}
+STAGE_LOOP = {ADMISSION, PROMPT, SCHEDULER, PERSISTENCE, SETTLEMENT, PURGE}
 BY_NAME = {t.name: t for t in ALL}
 
 

@@ -1,4 +1,4 @@
-"""Settlement (faust app ``settlement``): ``GenerationFinished`` on ``chat.replies`` ->
+"""Settlement (``settlement``): ``GenerationFinished`` on ``chat.replies`` ->
 ``UsageRecorded`` on ``usage`` (keyed by user).
 
 Charges the real tokens, gives back the unused reservation and frees the running
@@ -11,46 +11,25 @@ marker doubles as an outbox: it holds every UsageRecorded field and a
 - a crash between the ack and the flag re-sends the same record once; the usage
   rollup and billing dedupe by generation_id.
 
-Redis unreachable is waited out by the agent's one retry policy (``applied``, which runs ``handle`` under
-``until_stored``): ``handle`` is tried again from its first step, which is exactly a redelivery's path.
+Redis unreachable is waited out by the stage loop's one retry policy (``until_stored`` around ``handle``):
+``handle`` is tried again from its first step, which is exactly a redelivery's path.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
-import faust
-
+from consumers.stage import Out, Stage
 from infra.config.settings import Settings
 from infra.stores import keys
 from infra.stores.quota import Quota
 from infra.stores.quota_outcomes import Settled
+from infra.stores.settling import Send, charge_for, publish_usage
 from schemas import GenerationFinished, UsageRecorded
-from streams.app import applied, make_app, topic
-from topics import Role, Topics
+from topics import Role, Topics, clients
 from topics.catalogue import DEADLETTER, REPLIES, SETTLEMENT, USAGE
 
 log = logging.getLogger(__name__)
 ROLE = Role(SETTLEMENT, reads=(REPLIES,), writes=(USAGE, DEADLETTER))
-
-Send = Callable[[UsageRecorded], Awaitable[None]]
-
-
-def charge_for(finished: GenerationFinished) -> tuple[int, int]:
-    """(tokens in, tokens out) to charge: what the engine read and wrote for the reply, whatever its end. A
-    reply that failed before any engine read it (refused, past its deadline, a pool with no room) reports no
-    usage and costs 0; one that failed in the engine (a grammar that did not compile or timed out, an engine
-    error) cost engine time and is charged at least its prompt: otherwise it could be repeated for free."""
-    return finished.usage.prompt_tokens, finished.usage.completion_tokens
-
-
-async def publish_usage(quota: Quota, send: Send, marker: Settled) -> None:
-    """Send the marker's UsageRecorded, wait for the ack, then flag it published."""
-    await send(marker.usage_recorded())
-    await quota.mark_published(marker.generation_id)
-    log.info("generation %s user %s usage recorded: day %s, in %d, out %d, charged %d of %d reserved (%s)",
-             marker.generation_id, marker.user_id, marker.day, marker.tokens_in, marker.tokens_out, marker.charged,
-             marker.reserved, marker.status)
 
 
 class Settlement:
@@ -101,26 +80,21 @@ class Settlement:
             rules_version=finished.block.rules_version if finished.block else "")
 
 
-def faust_sender(usage: faust.TopicT) -> Send:
-    async def send(record: UsageRecorded) -> None:
-        # force=True: publish now and wait for the ack (faust would otherwise defer the
-        # send to the source offset's commit, after the marker was already flagged).
-        pending = await usage.send(key=record.user_id.encode(), value=record, force=True)
-        await pending
-
-    return send
-
-
-def build_app(settings: Settings, quota: Quota) -> faust.App:
-    """The settlement faust app; start it with ``await app.start()`` (or wrap it in a ``FaustStage``)."""
-    app = make_app(ROLE.stage, settings)
+def build_stage(settings: Settings, quota: Quota) -> Stage:
+    """The settlement stage over ``chat.replies`` (keyed by conversation): replies of different conversations
+    are settled at once, each conversation's in order. Each reply's usage is sent on the stage's own producer
+    and its ack awaited before the marker is flagged published (the outbox's order); the offset is committed
+    once the batch is settled. Run it with ``await stage.run()``, stop it with ``stage.stop()``."""
     topics = Topics(settings.topic_prefix)
-    settlement = Settlement(quota, faust_sender(topic(app, topics, USAGE)))
 
-    @app.agent(topic(app, topics, REPLIES))
-    async def settle(stream: faust.StreamT) -> None:
-        async for finished in stream:
-            if isinstance(finished, GenerationFinished):
-                await applied(ROLE.stage, stream, topics, settlement.handle, finished)
+    async def send(record: UsageRecorded) -> None:
+        await clients.send(stage.producer, topics.usage, record, key=record.user_id)
 
-    return app
+    settlement = Settlement(quota, send)
+
+    async def handle(finished: GenerationFinished) -> list[Out]:
+        await settlement.handle(finished)
+        return []
+
+    stage = Stage(ROLE, settings, (GenerationFinished,), handle, per_key=True)
+    return stage
