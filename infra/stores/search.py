@@ -89,6 +89,11 @@ def terms(key: bytes, user_id: str, word: str, lengths: Sequence[int] = PREFIXES
     return [blind(key, user_id, word[:n]) for n in lengths if n <= len(word)]
 
 
+def prefixes(found: Sequence[str], lengths: Sequence[int] = PREFIXES) -> set[str]:
+    """Every distinct indexed prefix of ``found`` words (a whole word too, when its length is indexed)."""
+    return {w[:n] for w in found for n in lengths if n <= len(w)}
+
+
 def looked_up(word: str) -> str:
     """The prefix a query word is looked up by: its longest indexed one (the word's hits are among its hits)."""
     return word[:max((n for n in PREFIXES if n <= len(word)), default=len(word))]
@@ -131,12 +136,25 @@ class SearchIndex:
         replica (nor is it held to the batch size limit, which counts multi-partition batches only)."""
         cql = ("INSERT INTO search_terms (user_id, bucket, term, conversation_id, message_id, turn) "
                "VALUES (?, ?, ?, ?, ?, ?)")
-        key, bucket = self.key(user_id), shard(conversation_id)
-        rows = [(user_id, bucket, term, conversation_id, message_id, turn)
-                for message_id, turn, text in entries
-                for term in {t for w in words(text) for _, t in terms(key, user_id, w)}]
+        rows = self.rows(user_id, conversation_id, entries)
         if rows:
             await self.db.batch(cql, rows)
+
+    def rows(self, user_id: str, conversation_id: str,
+             entries: list[tuple[str, int, str]]) -> list[tuple[str, str, str, str, str, int]]:
+        """The index rows of (message_id, turn, text) entries. Each distinct prefix is hashed once for them all:
+        most short prefixes are shared by many words, and by a message and its reply (the seeds' exchange: 560
+        HMACs, not 914)."""
+        key, bucket = self.key(user_id), shard(conversation_id)
+        hashed: dict[str, str] = {}
+        rows = []
+        for message_id, turn, text in entries:
+            for prefix in prefixes(words(text)):
+                term = hashed.get(prefix)
+                if term is None:
+                    term = hashed[prefix] = blind(key, user_id, prefix)[1]
+                rows.append((user_id, bucket, term, conversation_id, message_id, turn))
+        return rows
 
     async def forget(self, user_id: str, conversation_id: str, texts: list[str]) -> int:
         """Remove a conversation's rows for the words of ``texts`` (its messages and title, read before its key

@@ -1,6 +1,9 @@
 """Which words a message is found by, and how a hit reads (the Cassandra side is in the integration tests)."""
 from __future__ import annotations
 
+import pytest
+
+from infra.stores import search
 from infra.stores.search import fold, matches, snippet, words
 
 
@@ -49,3 +52,20 @@ def test_a_query_word_is_looked_up_by_its_longest_indexed_prefix() -> None:
         assert terms(key, "u", looked_up(word))[-1] in terms(key, "u", "parisienne")
     # A deletion removes every length once written, not just the ones indexed now.
     assert len(terms(key, "u", "parisienne", EVER_INDEXED)) == 7 and set(PREFIXES) <= set(EVER_INDEXED)
+
+
+def test_index_rows_are_each_words_terms_once_per_message_with_shared_prefixes_hashed_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    index = search.SearchIndex(None, None)  # type: ignore[arg-type]
+    key = index.key("u")
+    entries = [("m1", 0, "Harbour harbours, hare and the harp"), ("m2", 0, "Harbours again: a harp, a hat")]
+    want = {(mid, t) for mid, _, text in entries for t in {t for w in search.words(text)
+                                                           for _, t in search.terms(key, "u", w)}}
+    hashed: list[str] = []
+    real = search.blind
+    monkeypatch.setattr(search, "blind", lambda k, u, p: (hashed.append(p), real(k, u, p))[1])
+    rows = index.rows("u", "c1", entries)
+    bucket = search.shard("c1")
+    assert sorted((r[4], r[2]) for r in rows) == sorted(want)  # each message's terms, each once
+    assert all(r[0] == "u" and r[1] == bucket and r[3] == "c1" and r[5] == 0 for r in rows)
+    assert len(hashed) == len(set(hashed)) and "ha" in hashed  # "ha" of five words and two messages: once
