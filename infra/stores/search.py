@@ -163,7 +163,7 @@ class SearchIndex:
         removed, indexed now or not: rows written when every length was indexed go too."""
         found = sorted({w for text in texts for w in words(text)})
         key = self.key(user_id)
-        rows = {bt for w in found for bt in terms(key, user_id, w, EVER_INDEXED)}
+        rows = {blind(key, user_id, p) for p in prefixes(found, EVER_INDEXED)}  # each prefix hashed once
         places = {(bucket, term) for bucket, term in rows} | {(shard(conversation_id), term) for _, term in rows}
         await asyncio.gather(*(self.db.execute(
             "DELETE FROM search_terms WHERE user_id = ? AND bucket = ? AND term = ? AND conversation_id = ?",
