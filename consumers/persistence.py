@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 from consumers.stage import Out, Stage
 from infra.config.settings import Settings
 from infra.stores import keys
-from infra.stores.conversations import Conversations, Message
+from infra.stores.conversations import Conversation, Conversations, Message
 from infra.stores.crypto import KeyGone
 from infra.stores.records import Records, Summary
 from infra.stores.sealing import Sealer
@@ -32,6 +34,8 @@ from topics.catalogue import DEADLETTER, PERSISTENCE, REPLIES
 
 log = logging.getLogger(__name__)
 ROLE = Role(PERSISTENCE, reads=(REPLIES,), writes=(GENERATE, DEADLETTER))
+KNOWN_MAX = 20_000  # conversation rows remembered, the least recently used dropped first
+KNOWN_FOR_S = 3_600.0  # and for at most this long (well inside a change mark's CHANGED_TTL_S)
 TITLE_INSTRUCTION = ("Write a title of at most six words for this conversation. Reply with the title only, "
                      "no quotes.")
 
@@ -42,6 +46,10 @@ class Persistence:
                  keep_nothing: frozenset[str] = frozenset(), search: SearchIndex | None = None) -> None:
         self.conversations, self.records, self.redis, self.topics = conversations, records, redis, topics
         self.chat_ids, self.sealer, self.keep_nothing, self.search = chat_ids, sealer, keep_nothing, search
+        # The conversation rows this process last wrote (change mark, until, row), newest last. chat.replies is
+        # keyed by conversation, so while a partition stays here nobody else moves its conversations up: a
+        # conversation's next reply needs no read of its row (its list row's key, its title, its source).
+        self._known: OrderedDict[str, tuple[bytes | None, float, Conversation]] = OrderedDict()
 
     async def handle(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
         """Apply one finished generation; returns events to send as (topic, event, key), sealed."""
@@ -77,14 +85,15 @@ class Persistence:
         return await self._reply(e)
 
     async def _reply(self, e: GenerationFinished) -> list[tuple[str, Any, str]]:
-        # The owner's epoch (Redis) and the conversation (Cassandra) are read at once: one round trip's wait.
-        current, conv = await asyncio.gather(self.redis.get(keys.generation_epoch(e.generation_id)),
-                                             self.conversations.get(e.conversation_id))
+        # The owner's epoch and the conversation's change mark: one Redis round trip.
+        current, changed = await self.redis.mget([keys.generation_epoch(e.generation_id),
+                                                  keys.conversation_changed(e.conversation_id)])
         if current is not None and 0 < e.epoch < int(current):
             log.warning("generation %s: finish of owner epoch %d ignored (epoch %s owns it)", e.generation_id,
                         e.epoch, current.decode())
             return []  # a fenced-off worker's finish: the current owner's is the one to save
         finished_at = datetime.fromtimestamp(e.at, UTC)
+        conv = await self._conversation(e.conversation_id, changed)
         if conv is None:
             return []  # deleted: nothing is written for it any more
         # An OpenAI-endpoint call is not in the sidebar, so it is neither searched nor titled there: indexing its
@@ -121,7 +130,7 @@ class Persistence:
             # Made unlisted by the OpenAI endpoints for this call: listed where it was made, its own row as it is
             # (one statement; moving it up would add the row's update for seconds of difference).
             writes.append(self.conversations.list_where_made(conv) if conv.source == "api" and e.turn == 0
-                          else self.conversations.touch(conv, finished_at))
+                          else self._touch(conv, changed, finished_at))
         if page:
             writes.append(self._index(e, user))
         await _all(writes)
@@ -161,13 +170,46 @@ class Persistence:
 
     async def _title(self, e: GenerationFinished) -> None:
         title = _clean_title(e.text)
-        conv = await self.conversations.get(e.conversation_id)
-        if conv is None or not title or conv.title is not None:
-            return  # deleted, empty, or already titled (by the user's rename, or an earlier title)
-        await _all([self.conversations.touch(conv, conv.updated_at, title=title),
+        if not title:
+            return
+        changed = await self.redis.get(keys.conversation_changed(e.conversation_id))
+        conv = await self._conversation(e.conversation_id, changed)
+        if conv is None or conv.title is not None:
+            return  # deleted, or already titled (by the user's rename, or an earlier title)
+        await _all([self._touch(conv, changed, conv.updated_at, title=title),
                     *([self.search.index(conv.user_id, conv.conversation_id, TITLE, -1, title)]
                       if self.search is not None else [])])
         log.info("conversation %s titled (%d chars)", e.conversation_id, len(title))
+
+
+    async def _conversation(self, conversation_id: str, changed: bytes | None) -> Conversation | None:
+        """The conversation's row: as this process last wrote it, while nobody else changed it (its change mark
+        is as it was then) and for at most ``KNOWN_FOR_S``; else read. A deleted one is None, and the read of its
+        row is not needed for that: the deletion destroys the data key (the event cannot be opened) and marks a
+        change."""
+        hit = self._known.get(conversation_id)
+        if hit is not None and hit[0] == changed and hit[1] > time.monotonic():
+            return hit[2]
+        self._known.pop(conversation_id, None)
+        conv = await self.conversations.get(conversation_id)
+        if conv is not None:
+            self._remember(conv, changed)
+        return conv
+
+    async def _touch(self, conv: Conversation, changed: bytes | None, at: datetime,
+                     title: str | None = None) -> None:
+        self._known.pop(conv.conversation_id, None)  # unknown until the writes are done
+        self._remember(await self.conversations.touch(conv, at, title=title), changed)
+
+    def _remember(self, conv: Conversation, changed: bytes | None) -> None:
+        self._known[conv.conversation_id] = (changed, time.monotonic() + KNOWN_FOR_S, conv)
+        self._known.move_to_end(conv.conversation_id)
+        while len(self._known) > KNOWN_MAX:
+            self._known.popitem(last=False)
+
+    def forget_conversations(self) -> None:
+        """Its partitions of ``chat.replies`` moved: another process may write their conversations' rows now."""
+        self._known.clear()
 
 
 async def _all(writes: list[Awaitable[Any]]) -> None:
@@ -193,4 +235,5 @@ def build_stage(settings: Settings, persistence: Persistence) -> Stage:
     async def handle(e: GenerationFinished) -> list[Out]:
         return [Out(t, o, k) for t, o, k in await persistence.handle(e)]
 
-    return Stage(ROLE, settings, (GenerationFinished,), handle, per_key=True)
+    return Stage(ROLE, settings, (GenerationFinished,), handle, per_key=True,
+                 on_moved=persistence.forget_conversations)

@@ -51,13 +51,17 @@ Handler = Callable[[Any], Awaitable[list[Out]]]
 
 class Stage(Runner):
     def __init__(self, role: Role, settings: Settings, types: tuple[type[Event], ...], handler: Handler, *,
-                 per_key: bool = False, sealer: Sealer | None = None, **consumer_options: Any) -> None:
+                 per_key: bool = False, sealer: Sealer | None = None, on_moved: Callable[[], None] | None = None,
+                 **consumer_options: Any) -> None:
         """Consumes the first topic ``role`` reads, in the stage's own group. ``per_key``: records of one
         partition with different keys are handled concurrently (in order per key), for a handler whose order
-        only matters per key and whose time is mostly waiting on I/O."""
+        only matters per key and whose time is mostly waiting on I/O. ``on_moved``: called when the partitions
+        assigned to this process change (before their records are handled), for a handler that keeps what it
+        wrote for the keys of its partitions."""
         super().__init__()
         self.name, self.settings, self.types, self.handler = role.stage, settings, types, handler
-        self.per_key, self.sealer = per_key, sealer
+        self.per_key, self.sealer, self.on_moved = per_key, sealer, on_moved
+        self._assigned: set[TopicPartition] = set()
         self.topics = Topics(settings.topic_prefix)
         self.group = self.topics.group(role.stage)
         self._source, self._consumer_options = getattr(self.topics, role.reads[0].attr), consumer_options
@@ -77,6 +81,9 @@ class Stage(Runner):
 
     async def step(self) -> None:
         batch = await self.consumer.getmany(timeout_ms=100, max_records=200)
+        if self.on_moved is not None and (assigned := self.consumer.assignment()) != self._assigned:
+            self._assigned = set(assigned)
+            self.on_moved()
         if batch:
             await asyncio.gather(*(self._partition(tp, records) for tp, records in batch.items()))
 

@@ -26,6 +26,9 @@ class FakeRedis:
     async def get(self, key: str) -> bytes | None:
         return self.values.get(key)
 
+    async def mget(self, keys: list[str]) -> list[bytes | None]:
+        return [self.values.get(k) for k in keys]
+
     async def set(self, key: str, value: Any, nx: bool = False, ex: int | None = None) -> bool:
         if nx and key in self.values:
             return False
@@ -133,17 +136,21 @@ class FakeConversations:
         self.messages: dict[tuple[str, int, str], Message] = {}
         self.touched: list[tuple[str, datetime, str | None]] = []
         self.listed_as_made: list[str] = []
+        self.reads = 0  # of a conversation's row
 
     async def get(self, conversation_id: str) -> Conversation | None:
+        self.reads += 1
         return self.conversations.get(conversation_id)
 
     async def list_where_made(self, conv: Conversation) -> None:
         self.listed_as_made.append(conv.conversation_id)
 
-    async def touch(self, conv: Conversation, at: datetime, title: str | None = None) -> None:
+    async def touch(self, conv: Conversation, at: datetime, title: str | None = None) -> Conversation:
         self.touched.append((conv.conversation_id, at, title))
-        self.conversations[conv.conversation_id] = dataclasses.replace(
-            conv, updated_at=at, title=title if title is not None else conv.title)
+        new = dataclasses.replace(conv, updated_at=max(at, conv.updated_at),
+                                  title=title if title is not None else conv.title)
+        self.conversations[conv.conversation_id] = new
+        return new
 
     async def save_message(self, message: Message) -> None:
         self.messages[(message.conversation_id, message.turn, message.message_id)] = message

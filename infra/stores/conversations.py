@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from infra.stores import keys
 from infra.stores.sealing import Sealer
 from infra.stores.session import AsyncSession
 from schemas import new_id
@@ -32,6 +33,13 @@ class Conversation:
 
 
 SOURCES = ("page", "api")
+CHANGED_TTL_S = 86_400  # a change mark outlives every row persistence remembers (consumers/persistence.py)
+
+
+async def mark_changed(redis: Any, conversation_id: str) -> None:
+    """Tell persistence that a conversation's row changed under it (renamed, deleted): it reads the row again
+    before it next saves a reply there. A fresh value each time, so no later mark can equal one it saw."""
+    await redis.set(keys.conversation_changed(conversation_id), new_id(), ex=CHANGED_TTL_S)
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,12 @@ def usage_unpublished(scope: str = "") -> str:
     return f"{PREFIX}{scope}usage:unpublished"
 
 
+def conversation_changed(conversation_id: str) -> str:
+    """A fresh value each time a conversation's row is changed by anyone but persistence (a rename, a deletion):
+    persistence keeps the rows it wrote and reads the row again only when this differs from what it saw."""
+    return f"{PREFIX}conv:{conversation_id}:changed"
+
+
 def title_requested(conversation_id: str) -> str:
     """Set once when persistence asks the small pool for a conversation's title."""
     return f"{PREFIX}conv:{conversation_id}:title-requested"

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from infra.stores import keys
-from infra.stores.conversations import Conversations
+from infra.stores.conversations import Conversations, mark_changed
 from infra.stores.crypto import DataKeys
 from infra.stores.search import SearchIndex
 from infra.stores.session import AsyncSession
@@ -30,6 +30,7 @@ async def mark_deleted(conversations: Conversations, data_keys: DataKeys, redis:
     conv = await conversations.get(conversation_id)
     texts = [m.content for m in await conversations.all_messages(conversation_id)] + [conv.title or ""] if conv else []
     await db.execute("UPDATE conversations SET deleted = true WHERE conversation_id = ?", (conversation_id,))
+    await mark_changed(redis, conversation_id)  # persistence sees it at once, before it hears of the key
     await SearchIndex(db, conversations).forget(user_id, conversation_id, texts)
     await conversations.unlist(user_id, conversation_id)
     await Shares(db).forget_conversation(user_id, conversation_id)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from infra.stores.accounts import User
-from infra.stores.conversations import SOURCES, Conversation, Message
+from infra.stores.conversations import SOURCES, Conversation, Message, mark_changed
 from infra.stores.preferences import instructions_message, shown
 from infra.stores.search import TITLE
 from producers.gateway import deletion
@@ -75,6 +75,7 @@ async def rename_conversation(request: Request, conversation_id: str, body: Rena
     if gw.keeps_nothing(user):
         raise ApiError(422, "no_retention", "Your plan keeps no conversations, so they have no titles.")
     await gw.conversations.rename(conv, title)
+    await mark_changed(gw.redis, conversation_id)  # persistence, which keeps the rows it wrote, reads it again
     return {"conversation_id": conversation_id, "title": title}
 
 

@@ -68,3 +68,51 @@ async def test_query_words_between_indexed_lengths_are_found_and_a_deletion_remo
     assert await search.forget(user, conv.conversation_id, [said.content]) == 2
     left = await db.execute("SELECT term FROM search_terms WHERE user_id = ? AND bucket = ?", (user, bucket))
     assert list(left) == []
+
+
+async def test_a_rename_between_replies_is_kept_by_the_next_reply_that_reads_no_row(db: Any, redis_client: Any,
+                                                                                   topic_prefix: str) -> None:
+    """Persistence keeps the row it wrote; a rename marks the change, so the next reply's list row carries the
+    new title, and the list holds the conversation once, at its newest reply."""
+    import time
+    from datetime import UTC, datetime
+
+    from infra.stores.conversations import mark_changed
+
+    class Counted(Conversations):
+        reads = 0
+
+        async def get(self, conversation_id: str):  # type: ignore[no-untyped-def]
+            self.reads += 1
+            return await super().get(conversation_id)
+
+    conversations = Counted(db)
+    persistence = Persistence(conversations, Records(db), redis_client, Topics(topic_prefix), lambda _: [1])
+    user = f"u-{new_id()}"
+    conv = await conversations.create(user, title="First title")
+    conversations.reads = 0
+    began = round(time.time()) + 1.0
+
+    def reply(turn: int) -> GenerationFinished:
+        gen = new_id()
+        return GenerationFinished(generation_id=gen, conversation_id=conv.conversation_id, user_id=user,
+                                  plan="free", message_id=gen, turn=turn, status="complete", text=f"Reply {turn}.",
+                                  model="m", pool="large", worker_id="w", usage=Usage(completion_tokens=2),
+                                  at=began + turn)
+
+    await persistence.handle(reply(0))
+    await persistence.handle(reply(1))
+    assert conversations.reads == 1
+    gateway = Conversations(db)  # renames what it reads now, as the gateway's route does
+    now = await gateway.get(conv.conversation_id)
+    assert now is not None
+    await gateway.rename(now, "Renamed")
+    await mark_changed(redis_client, conv.conversation_id)
+    await persistence.handle(reply(2))
+    await persistence.handle(reply(3))
+    assert conversations.reads == 2
+    listed, _ = await conversations.list_for_user(user)
+    assert [(c.conversation_id, c.title) for c in listed] == [(conv.conversation_id, "Renamed")]
+    assert listed[0].updated_at.replace(tzinfo=UTC) == datetime.fromtimestamp(began + 3, UTC)
+    rows = await db.execute("SELECT updated_at FROM conversations_by_user WHERE user_id = ?", (user,))
+    assert len(list(rows)) == 1  # each reply's move took the previous list row away

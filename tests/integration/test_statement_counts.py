@@ -24,15 +24,16 @@ from producers.loadgen.statements import StatementCounter, difference
 pytestmark = pytest.mark.integration
 
 # Budgets (docs/performance.md, "Cassandra statements per request"): the targets are 8 and 6.
-PER_CHAT_MESSAGE = 15  # the first of a conversation: its title is asked for, saved and indexed too (14; no key
-#   read: the stages and workers heard the key made)
-PER_FOLLOW_UP = 10  # 9: the data key and the owner are read once per process while deletions can be heard; the
-#   user message rides to persistence in the events (not read back to be indexed)
-PER_PAGE_FOLLOW_UP = 9  # 8: the page sends no client_message_id, so nothing is claimed (a follow-up that
-#   names one pays its durable claim, a Paxos round: 9)
+PER_CHAT_MESSAGE = 14  # the first of a conversation: its title is asked for, saved and indexed too (13; no key
+#   read: the stages and workers heard the key made; its row read once, by persistence)
+PER_FOLLOW_UP = 9  # 8: the data key and the owner are read once per process while deletions can be heard; the
+#   user message rides to persistence in the events (not read back to be indexed); persistence keeps the row it
+#   wrote (not read again while nobody else changed it)
+PER_PAGE_FOLLOW_UP = 8  # 7: the page sends no client_message_id, so nothing is claimed (a follow-up that
+#   names one pays its durable claim, a Paxos round: 8)
 PER_OPENAI_REQUEST = 9  # 8: no history read, no placeholder (the conversation is made for the call), no key read,
 #   listed where it was made (no update of its row); no request writes a ``generations`` row (its reply's row
-#   names the generation)
+#   names the generation); persistence reads the new conversation's row once (its title, model and time)
 # Kafka records a request writes besides its token records (docs/performance.md, "Kafka records per request").
 # Each: chat.requests, .admitted, .prompts, generate.<pool>.<lane>, chat.replies, usage, and the plan-minute
 # rollup's repartition and changelog records; the first message adds its title's request and finish (10, 8, 8).

@@ -9,14 +9,6 @@ from tests.fake_stores import FakeConversations, conversation
 from tests.unit.test_sealing import Channel, KeyTable, _until
 
 
-class CountingConversations(FakeConversations):
-    reads = 0
-
-    async def get(self, conversation_id: str):  # type: ignore[no-untyped-def]
-        self.reads += 1
-        return await super().get(conversation_id)
-
-
 async def _follow(keys: DataKeys) -> None:
     try:
         await keys.get("warm-up")  # the first use starts following the channel
@@ -27,7 +19,7 @@ async def _follow(keys: DataKeys) -> None:
 
 async def test_an_owner_is_read_once_while_heard_and_forgotten_when_its_key_is_destroyed(tmp_path: Path) -> None:
     redis = Channel()
-    convs = CountingConversations(conversation("c1", "ann"))
+    convs = FakeConversations(conversation("c1", "ann"))
     keys = DataKeys(KeyTable(), LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
     elsewhere = DataKeys(KeyTable(), LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
     owners = Owners(convs, keys)  # type: ignore[arg-type]
@@ -43,7 +35,7 @@ async def test_an_owner_is_read_once_while_heard_and_forgotten_when_its_key_is_d
 
 
 async def test_nothing_is_kept_while_deletions_cannot_be_heard(tmp_path: Path) -> None:
-    convs = CountingConversations(conversation("c1", "ann"))
+    convs = FakeConversations(conversation("c1", "ann"))
     keys = DataKeys(KeyTable(), LocalTenantKeys.under(tmp_path), cache_s=0.0)  # type: ignore[arg-type]  # no Redis
     owners = Owners(convs, keys)  # type: ignore[arg-type]
     for _ in range(3):
@@ -55,7 +47,7 @@ async def test_nothing_is_kept_while_deletions_cannot_be_heard(tmp_path: Path) -
 async def test_a_conversation_made_here_is_owned_without_a_read_unless_a_destruction_came_between(
         tmp_path: Path) -> None:
     redis = Channel()
-    convs = CountingConversations(conversation("c1", "ann"), conversation("c2", "bob"))
+    convs = FakeConversations(conversation("c1", "ann"), conversation("c2", "bob"))
     keys = DataKeys(KeyTable(), LocalTenantKeys.under(tmp_path), cache_s=0.0, redis=redis)  # type: ignore[arg-type]
     owners = Owners(convs, keys)  # type: ignore[arg-type]
     await _follow(keys)

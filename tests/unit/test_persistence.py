@@ -80,10 +80,10 @@ async def test_a_finish_carrying_its_question_is_indexed_and_titled_without_read
             self.entries += entries
 
     class Unread(FakeConversations):
-        reads = 0
+        turn_reads = 0
 
         async def messages_of_turn(self, conversation_id, turn, message_ids):  # type: ignore[no-untyped-def]
-            self.reads += 1
+            self.turn_reads += 1
             return await super().messages_of_turn(conversation_id, turn, message_ids)
 
     convs, index = Unread(conversation()), Index()
@@ -92,7 +92,7 @@ async def test_a_finish_carrying_its_question_is_indexed_and_titled_without_read
     carried = msgspec.structs.replace(finished(), question="What is the capital of France?",
                                       started_at=1_789_999_999.0)
     [(_, request, _)] = await p.handle(carried)
-    assert convs.reads == 0 and index.entries == [("um", 0, "What is the capital of France?"), ("g1", 0, "Paris.")]
+    assert convs.turn_reads == 0 and index.entries == [("um", 0, "What is the capital of France?"), ("g1", 0, "Paris.")]
     assert request.purpose == "title"  # asked with the carried question: its prompt holds it
     assert request.prompt_token_ids == [len("User: What is the capital of France?\nAssistant: Paris.")]
     assert convs.messages[("c", 0, "g1")].created_at.timestamp() == 1_789_999_999.0  # no id time: its start
@@ -109,7 +109,7 @@ async def test_a_finish_carrying_its_question_is_indexed_and_titled_without_read
                                                          content="Capital?")
     index.entries = []
     await p.handle(finished())
-    assert convs.reads == 1 and index.entries[0] == ("um", 0, "Capital?")
+    assert convs.turn_reads == 1 and index.entries[0] == ("um", 0, "Capital?")
 
 
 async def test_a_titled_conversation_or_a_reply_with_no_text_asks_for_no_title() -> None:
@@ -183,7 +183,7 @@ async def test_a_replys_writes_go_out_together_and_a_failed_one_fails_the_event_
             self.touched_now.set()
             if self.fail_touch:
                 raise ConnectionError("Cassandra went away")
-            await super().touch(conv, at, title)
+            return await super().touch(conv, at, title)
 
     convs, records = Together(), FakeRecords()
     p = Persistence(convs, records, FakeRedis(), Topics("t."), lambda m: [1])  # type: ignore[arg-type]
@@ -199,3 +199,43 @@ async def test_a_replys_writes_go_out_together_and_a_failed_one_fails_the_event_
         pass
     # The others were written all the same; applying the event again rewrites them with the same values.
     assert ("c", 0, "g1") in failing.messages
+
+
+async def test_a_conversations_next_replies_read_no_row_until_someone_else_changes_it() -> None:
+    import dataclasses
+
+    import msgspec
+
+    from infra.stores import keys
+    from infra.stores.conversations import mark_changed
+
+    p, convs, _ = persistence(title="Trip")
+    redis = p.redis
+    for n in range(3):  # one read for the first reply; the next ones move up the row this process wrote
+        await p.handle(msgspec.structs.replace(finished(gid=f"g{n}"), turn=n, at=1_790_000_000.0 + n))
+    assert convs.reads == 1
+    assert [t[1].timestamp() for t in convs.touched] == [1_790_000_000.0, 1_790_000_001.0, 1_790_000_002.0]
+    # Renamed by its owner (the gateway marks the change): read again, and the new title is what it keeps.
+    convs.conversations["c"] = dataclasses.replace(convs.conversations["c"], title="Trip, day two")
+    await mark_changed(redis, "c")
+    await p.handle(msgspec.structs.replace(finished(gid="g3"), turn=3, at=1_790_000_003.0))
+    assert convs.reads == 2 and convs.conversations["c"].title == "Trip, day two"
+    await p.handle(msgspec.structs.replace(finished(gid="g4"), turn=4, at=1_790_000_004.0))
+    assert convs.reads == 2  # the mark is as it was
+    # Its partition moved away and back (another process may have written the row meanwhile): read again.
+    p.forget_conversations()
+    await p.handle(msgspec.structs.replace(finished(gid="g5"), turn=5, at=1_790_000_005.0))
+    assert convs.reads == 3
+    # Deleted: the deletion marks a change, so the row is read and found gone; nothing is written.
+    del convs.conversations["c"]
+    await redis.set(keys.conversation_changed("c"), "deleted")
+    assert await p.handle(msgspec.structs.replace(finished(gid="g6"), turn=6)) == []
+    assert ("c", 6, "g6") not in convs.messages
+
+
+async def test_a_title_finish_reads_no_row_that_its_reply_just_wrote() -> None:
+    p, convs, _ = persistence()
+    [(_, request, _)] = await p.handle(finished())
+    assert convs.reads == 1 and request.purpose == "title"
+    await p.handle(finished(purpose="title", text="Capital of France", gid="g1:title"))
+    assert convs.reads == 1 and convs.conversations["c"].title == "Capital of France"

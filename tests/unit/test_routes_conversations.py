@@ -11,13 +11,14 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from infra.stores import keys
 from infra.stores.accounts import User
 from infra.stores.conversations import Conversation, Message
 from infra.stores.preferences import INSTRUCTIONS_ID, Prefs, instructions_in
 from producers.gateway import deletion, routes_conversations
 from producers.gateway.app import install_error_handlers
 from producers.gateway.transcript import message_json as exported
-from tests.fake_stores import FakeConversations, conversation
+from tests.fake_stores import FakeConversations, FakeRedis, conversation
 
 TOKENS = {"tok-ann": User("ann", "free"), "tok-bob": User("bob", "free"), "tok-pat": User("pat", "private")}
 NO_RETENTION = {"private"}
@@ -77,6 +78,7 @@ class Gateway:
                                                                conversation("e", "bob"), conversation("p", "pat")))
     preferences: Saved = field(default_factory=Saved)
     conversation_owners: Owners = field(default_factory=Owners)
+    redis: FakeRedis = field(default_factory=FakeRedis)
 
     async def user_for_token(self, token: str) -> User | None:
         return TOKENS.get(token)
@@ -138,6 +140,10 @@ async def test_a_rename_keeps_one_line_and_only_the_owner_may(client: Any) -> No
     assert r.status_code == 200 and r.json()["title"] == "Trip plans"
     assert (await http.patch("/v1/conversations/c", json={"title": "mine"}, headers=auth("bob"))).status_code == 404
     assert gw.conversations.conversations["c"].title == "Trip plans"
+    mark = gw.redis.values[keys.conversation_changed("c")]  # persistence reads the renamed row again
+    await http.patch("/v1/conversations/c", json={"title": "Trip plans, day two"}, headers=auth("ann"))
+    assert gw.redis.values[keys.conversation_changed("c")] != mark
+    assert keys.conversation_changed("d") not in gw.redis.values
     r = await http.patch("/v1/conversations/p", json={"title": "x"}, headers=auth("pat"))
     assert r.status_code == 422 and r.json()["error"]["code"] == "no_retention"
 

@@ -88,3 +88,41 @@ async def test_default_handles_a_partition_strictly_in_order() -> None:
     log, consumer = await run_partition(per_key=False)
     assert log == ["start a1", "end a1", "start b1", "end b1", "start a2", "end a2"]
     assert consumer.commits == [{TopicPartition("t", 0): 13}]
+
+
+async def test_a_change_of_assigned_partitions_is_told_before_their_records_are_handled() -> None:
+    told: list[set[TopicPartition]] = []
+    handled: list[str] = []
+
+    async def handler(event: Any) -> list[Out]:
+        handled.append(event.generation_id)
+        return []
+
+    stage = Stage(Role(ADMISSION, reads=(CONTROL,), writes=()), Settings(), (CancelRequested,), handler,
+                  on_moved=lambda: (told.append(set(consumer.assigned)), handled.append("moved")))
+    producer = FakeProducer()
+
+    class Moving(FakeConsumer):
+        def __init__(self) -> None:
+            super().__init__(producer)
+            self.assigned: set[TopicPartition] = set()
+            self.batches: list[tuple[set[TopicPartition], dict[TopicPartition, list[Record]]]] = []
+
+        def assignment(self) -> set[TopicPartition]:
+            return set(self.assigned)
+
+        async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Record]]:
+            self.assigned, batch = self.batches.pop(0)  # the rebalance lands while it fetches
+            return batch
+
+    consumer = Moving()
+    stage.producer, stage.consumer = producer, consumer  # type: ignore[assignment]
+    p0, p1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    consumer.batches = [({p0}, {p0: [Record(b"a", cancel("a1"), 1)]}),
+                        ({p0}, {p0: [Record(b"a", cancel("a2"), 2)]}),
+                        ({p0, p1}, {p1: [Record(b"b", cancel("b1"), 7, partition=1)]}),
+                        ({p1}, {})]
+    for _ in range(4):
+        await stage.step()
+    assert told == [{p0}, {p0, p1}, {p1}]  # once per change, none while it stays
+    assert handled == ["moved", "a1", "a2", "moved", "b1", "moved"]  # told before the new partition's records
