@@ -93,6 +93,8 @@ class Persistence:
                         e.epoch, current.decode())
             return []  # a fenced-off worker's finish: the current owner's is the one to save
         finished_at = datetime.fromtimestamp(e.at, UTC)
+        if e.made_listed and changed is None:
+            return await self._made_listed(e, finished_at)
         conv = await self._conversation(e.conversation_id, changed)
         if conv is None:
             return []  # deleted: nothing is written for it any more
@@ -115,14 +117,7 @@ class Persistence:
         # Every write below is keyed and independent of the others (a redelivery rewrites the same values), so
         # they go out together: the stage waits one round trip for them, not three in a row. Persistence takes
         # one reply at a time, so its rate is bounded by this wait, not by its CPU.
-        writes: list[Awaitable[Any]] = [self.conversations.save_message(Message(
-            e.conversation_id, e.turn, e.message_id, "assistant", e.text, status=e.status,
-            tokens_in=e.usage.prompt_tokens, tokens_out=e.usage.completion_tokens,
-            tokens_cached=e.usage.cached_prompt_tokens, model=e.model, pool=e.pool, parent_id=e.parent_id,
-            generation_id=e.generation_id, route_reason=e.route_reason,
-            created_at=made, finished_at=finished_at,
-            block_category=e.block.category if e.block else None,
-            rules_version=e.block.rules_version if e.block else None))]
+        writes: list[Awaitable[Any]] = [self.conversations.save_message(_reply_row(e, made, finished_at))]
         # No ``generations`` row: the reply's own row names its generation, model and pool, and the gateway
         # finds a generation's owner in Redis (``generation_owner``, kept 7 days). Only a no-retention reply,
         # which has no row of its own, keeps its ids and counts there.
@@ -138,6 +133,19 @@ class Persistence:
                  e.usage.prompt_tokens, e.usage.completion_tokens)
         if page and conv.title is None and e.text.strip():  # complete, stopped or cut at the length limit alike
             return await self._ask_for_title(e, user[1] if user is not None else "")
+        return []
+
+    async def _made_listed(self, e: GenerationFinished, finished_at: datetime) -> list[tuple[str, Any, str]]:
+        """The reply of an OpenAI call in the conversation the gateway made and listed for it: its row is not
+        read (nobody has marked a change: not renamed, not deleted) and the list is left as it is, unless the
+        reply has no text. Neither indexed nor titled, as every API reply."""
+        made = id_time(e.message_id) or (datetime.fromtimestamp(e.started_at, UTC) if e.started_at else finished_at)
+        writes: list[Awaitable[Any]] = [self.conversations.save_message(_reply_row(e, made, finished_at))]
+        if not e.text.strip():  # as one never listed: not in the list (and still in its owner's index)
+            writes.append(self.conversations.take_off_list(e.user_id, e.conversation_id))
+        await _all(writes)
+        log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
+                 e.usage.prompt_tokens, e.usage.completion_tokens)
         return []
 
     async def _index(self, e: GenerationFinished, user: tuple[str, str] | None) -> None:
@@ -219,6 +227,17 @@ async def _all(writes: list[Awaitable[Any]]) -> None:
     failed = next((r for r in results if isinstance(r, BaseException)), None)
     if failed is not None:
         raise failed
+
+
+def _reply_row(e: GenerationFinished, made: datetime, finished_at: datetime) -> Message:
+    return Message(
+        e.conversation_id, e.turn, e.message_id, "assistant", e.text, status=e.status,
+        tokens_in=e.usage.prompt_tokens, tokens_out=e.usage.completion_tokens,
+        tokens_cached=e.usage.cached_prompt_tokens, model=e.model, pool=e.pool, parent_id=e.parent_id,
+        generation_id=e.generation_id, route_reason=e.route_reason,
+        created_at=made, finished_at=finished_at,
+        block_category=e.block.category if e.block else None,
+        rules_version=e.block.rules_version if e.block else None)
 
 
 def _clean_title(text: str) -> str:

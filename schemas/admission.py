@@ -32,6 +32,7 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     # The gateway made the conversation for this request alone (an OpenAI call): the prompt stage reads nothing
     # of it (turn 0, the history is carried) and writes no placeholder (nobody can reopen it mid-reply).
     fresh_conversation: bool = False
+    made_listed: bool = False  # see MessageSubmitted
 
 
 RefusalReason = Literal[

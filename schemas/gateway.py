@@ -50,6 +50,9 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     # The gateway made the conversation for this request alone (an OpenAI call): the prompt stage reads nothing
     # of it (turn 0, the history is carried) and writes no placeholder (nobody can reopen it mid-reply).
     fresh_conversation: bool = False
+    # The gateway made the conversation for this request alone and listed it (an OpenAI call its plan keeps):
+    # persistence reads none of it and lists nothing (a reply with no text takes it off the list).
+    made_listed: bool = False
 
 
 class CancelRequested(Event, frozen=True, kw_only=True):

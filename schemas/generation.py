@@ -87,3 +87,4 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     # The user message it answers (sealed), on ``chat.replies`` only: persistence indexes it and asks a title
     # with it without reading it back. Empty on ``chat.tokens`` and where no request carried it (then read).
     question: str = ""
+    made_listed: bool = False  # see MessageSubmitted: persistence reads none of the conversation

@@ -137,6 +137,7 @@ class FakeConversations:
         self.touched: list[tuple[str, datetime, str | None]] = []
         self.listed_as_made: list[str] = []
         self.reads = 0  # of a conversation's row
+        self.taken_off: list[str] = []
 
     async def get(self, conversation_id: str) -> Conversation | None:
         self.reads += 1
@@ -144,6 +145,9 @@ class FakeConversations:
 
     async def list_where_made(self, conv: Conversation) -> None:
         self.listed_as_made.append(conv.conversation_id)
+
+    async def take_off_list(self, user_id: str, conversation_id: str) -> None:
+        self.taken_off.append(conversation_id)
 
     async def touch(self, conv: Conversation, at: datetime, title: str | None = None) -> Conversation:
         self.touched.append((conv.conversation_id, at, title))

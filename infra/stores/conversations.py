@@ -19,7 +19,7 @@ from typing import Any
 from infra.stores import keys
 from infra.stores.sealing import Sealer
 from infra.stores.session import AsyncSession
-from schemas import new_id
+from schemas import id_time, new_id
 
 
 @dataclass(frozen=True)
@@ -111,29 +111,48 @@ class Conversations:
     async def create(self, user_id: str, model: str | None = None, title: str | None = None,
                      source: str = "page", listed: bool = True) -> Conversation:
         """A new conversation and its data key; ``listed=False``: not in the list until its first reply with text
-        puts it there (``touch``, or ``list_where_made`` for an OpenAI call's), or never for a no-retention plan."""
-        now = datetime.now(UTC)
-        conv = Conversation(new_id(), user_id, title, model, now, source)
-        # Two waits, not four in a row (an OpenAI call makes one before its first token): the key and the owner's
-        # index of every conversation (what delete-all reads) go out together; the conversation's row, and its
-        # list row, once both are stored, so no conversation exists without its key or outside that index.
-        first: list[Awaitable[Any]] = [self.db.execute(
-            "INSERT INTO conversations_of_user (user_id, conversation_id) VALUES (?, ?)",
-            (user_id, conv.conversation_id))]
+        puts it there (``touch``, or ``list_where_made``), or never for a no-retention plan. Made at its id's
+        time, so whoever holds the id knows the key of its first list row (``take_off_list``)."""
+        conversation_id = new_id()
+        now = id_time(conversation_id) or datetime.now(UTC)
+        conv = Conversation(conversation_id, user_id, title, model, now, source)
+        # Two waits, not four in a row (an OpenAI call makes one before its first token): the key (and, for a
+        # conversation not listed, the owner's index of every conversation, which delete-all and export read
+        # beside the list) go out together; the conversation's row, and its list row, once both are stored, so
+        # no conversation exists without its key or outside both the list and that index. A listed one is found
+        # by its list row: it leaves the list only when it is deleted (or by ``take_off_list``, which indexes it
+        # first).
+        first: list[Awaitable[Any]] = [] if listed else [self._index_owner(user_id, conversation_id)]
         if self.sealer is not None:
-            first.append(self.sealer.keys.create(conv.conversation_id, user_id))
+            first.append(self.sealer.keys.create(conversation_id, user_id))
         await asyncio.gather(*first)
-        sealed = await self._seal(conv.conversation_id, title)
+        sealed = await self._seal(conversation_id, title)
         rows = [self.db.execute(
             "INSERT INTO conversations (conversation_id, user_id, title, model, created_at, updated_at, deleted, "
-            "source) VALUES (?, ?, ?, ?, ?, ?, false, ?)", (conv.conversation_id, user_id, sealed, model, now, now,
+            "source) VALUES (?, ?, ?, ?, ?, ?, false, ?)", (conversation_id, user_id, sealed, model, now, now,
                                                             source))]
         if listed:
             rows.append(self.db.execute(
                 "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
-                "VALUES (?, ?, ?, ?, ?, ?)", (user_id, now, conv.conversation_id, sealed, model, source)))
+                "VALUES (?, ?, ?, ?, ?, ?)", (user_id, now, conversation_id, sealed, model, source)))
         await asyncio.gather(*rows)
         return conv
+
+    async def _index_owner(self, user_id: str, conversation_id: str) -> None:
+        await self.db.execute("INSERT INTO conversations_of_user (user_id, conversation_id) VALUES (?, ?)",
+                              (user_id, conversation_id))
+
+    async def take_off_list(self, user_id: str, conversation_id: str) -> None:
+        """Unlist a conversation listed when it was made and not moved since (an OpenAI call refused, or whose
+        reply has no text): indexed as its owner's first, so delete-all and export still find it."""
+        made = id_time(conversation_id)
+        await self._index_owner(user_id, conversation_id)
+        if made is None:
+            await self.unlist(user_id, conversation_id)
+            return
+        await self.db.execute(
+            "DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? AND conversation_id = ?",
+            (user_id, made, conversation_id))
 
     async def get(self, conversation_id: str) -> Conversation | None:
         rows = await self.db.execute(

@@ -149,17 +149,19 @@ async def submit_choices(gw: Gateway, user: User, chat: compat.ChatRequest) -> l
     try:
         for index in range(chat.n):
             keep = not gw.keeps_nothing(user)  # no-retention: not listed, no title
-            # Listed once its reply is saved: a refused call leaves no conversation in the list.
+            # Listed as it is made, in the same wait as its row: persistence then neither reads nor lists it. A
+            # refused call is taken off the list again, and so is one whose reply has no text.
             conv = await gw.conversations.create(user.user_id, model=chat.pool, title=chat.title if keep else None,
-                                                 source="api", listed=False)
+                                                 source="api", listed=keep)
             message_id = new_id()  # before the generation id: the user message sorts before its reply
             generation_id = gw.new_generation_id()  # lands on a partition this gateway tails
-            accepted = await submission.submit(gw, user, MessageSubmitted(
+            accepted = await submission.submit_made(gw, user, MessageSubmitted(
                 generation_id=generation_id, conversation_id=conv.conversation_id, user_id=user.user_id,
                 plan=user.plan, message_id=message_id, client_message_id=own_client_message_id(generation_id),
                 content=chat.content, pool=chat.pool, max_tokens=chat.max_tokens, temperature=chat.temperature,
                 history=chat.history, gateway_id=gw.gateway_id,
-                sampling=sampling_params.for_choice(chat.sampling, index), fresh_conversation=True))
+                sampling=sampling_params.for_choice(chat.sampling, index), fresh_conversation=True,
+                made_listed=keep))
             jobs.append(Job(gw, accepted, conv.conversation_id, user.user_id,
                             jobs_.model_of(gw, accepted, chat.pool), index))
     except BaseException:

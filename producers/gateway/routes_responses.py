@@ -98,8 +98,9 @@ async def _conversation(gw: Gateway, user: User, req: rc.ResponseRequest, called
     if conversation_id is not None:
         return conversation_id, earlier
     keep = req.store and not gw.keeps_nothing(user)  # no-retention plans: not listed, no title
-    # Listed once its reply is saved (as a chat completion's): a refused call leaves no conversation listed.
-    conv = await gw.conversations.create(user.user_id, model=req.pool, source="api", listed=False,
+    # Listed as it is made (as a chat completion's): persistence then neither reads nor lists it; a refused
+    # call is taken off the list again (``submission.submit_made``).
+    conv = await gw.conversations.create(user.user_id, model=req.pool, source="api", listed=keep,
                                          title=" ".join(req.input[-1].content.split())[:60] if keep else None)
     if not req.store:  # deleted from the start: no stage lists it, titles it or reads it back
         await gw.conversations.mark_deleted(conv)
@@ -116,14 +117,15 @@ async def _submit(gw: Gateway, user: User, req: rc.ResponseRequest, conversation
         await gw.redis.set(keys.response(generation_id), orjson.dumps(
             {"user_id": user.user_id, "conversation_id": conversation_id, "model": gw.models[req.pool],
              "echo": await gw.sealer.seal_values(conversation_id, echo, SEALED_ECHO)}), ex=OWNER_TTL_S)
+    fresh = req.previous_response_id is None
     try:
-        return await submission.submit(gw, user, MessageSubmitted(
+        return await submission.submit_made(gw, user, MessageSubmitted(
             generation_id=generation_id, conversation_id=conversation_id, user_id=user.user_id, plan=user.plan,
             message_id=message_id, client_message_id=own_client_message_id(generation_id),
             content=req.input[-1].content,
             pool=req.pool, max_tokens=req.max_output_tokens, temperature=req.temperature,
             history=[*system, *earlier, *req.input], gateway_id=gw.gateway_id, sampling=req.sampling,
-            fresh_conversation=req.previous_response_id is None))
+            fresh_conversation=fresh, made_listed=fresh and req.store and not gw.keeps_nothing(user)))
     except BaseException:
         await gw.redis.delete(keys.response(generation_id))
         raise

@@ -103,6 +103,26 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
     return Accepted(generation_id, queue, first, watch)
 
 
+async def submit_made(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted:
+    """``submit`` for a request whose conversation the gateway made for it, listed (``made_listed``): refused, or
+    given up, the conversation is taken off the list again, so a call that was answered with an error leaves
+    no conversation there (the take-off runs on even when the client has left)."""
+    try:
+        return await submit(gw, user, request)
+    except BaseException:
+        if request.made_listed:
+            _detach(_take_off_list(gw, request))
+        raise
+
+
+async def _take_off_list(gw: Gateway, request: MessageSubmitted) -> None:
+    try:
+        await gw.conversations.take_off_list(request.user_id, request.conversation_id)
+    except Exception as exc:  # noqa: BLE001 - Cassandra down: the conversation stays listed, empty, deletable
+        log.warning("conversation %s: a refused call's conversation not taken off the list (%s)",
+                    request.conversation_id, type(exc).__name__)
+
+
 def check_size(event: MessageSubmitted, key: str) -> None:
     """413 for a request Kafka would refuse as too large (aiokafka's MessageSizeTooLargeError)."""
     size = len(encode(event)) + len(key.encode())

@@ -102,6 +102,23 @@ async def test_api_conversations_are_listed_only_when_asked_for(db) -> None:  # 
     assert await convs.unlist(user, unlisted.conversation_id) == 1
 
 
+async def test_a_conversation_listed_as_made_is_its_owners_without_an_index_row_and_taken_off_the_list_with_one(
+        db) -> None:  # type: ignore[no-untyped-def]
+    convs = Conversations(db)
+    user = new_id()
+    made = await convs.create(user, title="api call", source="api", listed=True)  # as an OpenAI call's
+    owned = await db.execute("SELECT conversation_id FROM conversations_of_user WHERE user_id = ?", (user,))
+    assert list(owned) == []  # found by its list row: delete-all and export read both
+    assert await convs.ids_of_user(user) == [made.conversation_id]
+    [listed] = (await convs.list_for_user(user, limit=10, source="api"))[0]
+    assert listed.updated_at.replace(tzinfo=UTC) == made.updated_at  # made at its id's time: the row's key
+    await convs.take_off_list(user, made.conversation_id)  # refused, or its reply had no text
+    assert (await convs.list_for_user(user, limit=10, source="api"))[0] == []
+    assert await convs.ids_of_user(user) == [made.conversation_id]  # still its owner's, for delete-all
+    unlisted = await convs.create(user, source="api", listed=False)
+    assert sorted(await convs.ids_of_user(user)) == sorted([made.conversation_id, unlisted.conversation_id])
+
+
 async def test_messages_with_siblings_and_overwrite_on_retry(db) -> None:  # type: ignore[no-untyped-def]
     convs = Conversations(db)
     conv = await convs.create(new_id())

@@ -31,9 +31,9 @@ PER_FOLLOW_UP = 9  # 8: the data key and the owner are read once per process whi
 #   wrote (not read again while nobody else changed it)
 PER_PAGE_FOLLOW_UP = 8  # 7: the page sends no client_message_id, so nothing is claimed (a follow-up that
 #   names one pays its durable claim, a Paxos round: 8)
-PER_OPENAI_REQUEST = 9  # 8: no history read, no placeholder (the conversation is made for the call), no key read,
-#   listed where it was made (no update of its row); no request writes a ``generations`` row (its reply's row
-#   names the generation); persistence reads the new conversation's row once (its title, model and time)
+PER_OPENAI_REQUEST = 7  # 6: no history read, no placeholder (the conversation is made for the call), no key read,
+#   listed as it is made (its list row stands for its owner-index row), so persistence neither reads nor lists
+#   it; no request writes a ``generations`` row (its reply's row names the generation)
 # Kafka records a request writes besides its token records (docs/performance.md, "Kafka records per request").
 # Each: chat.requests, .admitted, .prompts, generate.<pool>.<lane>, chat.replies, usage, and the plan-minute
 # rollup's repartition and changelog records; the first message adds its title's request and finish (10, 8, 8).

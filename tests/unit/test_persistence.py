@@ -239,3 +239,24 @@ async def test_a_title_finish_reads_no_row_that_its_reply_just_wrote() -> None:
     assert convs.reads == 1 and request.purpose == "title"
     await p.handle(finished(purpose="title", text="Capital of France", gid="g1:title"))
     assert convs.reads == 1 and convs.conversations["c"].title == "Capital of France"
+
+
+async def test_an_openai_calls_reply_in_the_conversation_made_listed_for_it_reads_and_lists_nothing() -> None:
+    import msgspec
+
+    from infra.stores import keys
+
+    p, convs, _ = persistence()
+    convs.conversations["c"] = conversation(title=None)
+    made = msgspec.structs.replace(finished(), made_listed=True, question="Capital of France?")
+    assert await p.handle(made) == []  # neither titled nor indexed: an API call's
+    assert convs.reads == 0 and convs.touched == [] and convs.listed_as_made == [] and convs.taken_off == []
+    assert convs.messages[("c", 0, "g1")].content == "Paris."
+    # A reply with no text: off the list again, as if it had never been listed.
+    await p.handle(msgspec.structs.replace(made, generation_id="g2", message_id="g2", text="", status="failed"))
+    assert convs.taken_off == ["c"] and convs.reads == 0
+    # Changed under it (deleted by its owner while the call ran): read, found gone, nothing written.
+    del convs.conversations["c"]
+    await p.redis.set(keys.conversation_changed("c"), "deleted")
+    assert await p.handle(msgspec.structs.replace(made, generation_id="g3", message_id="g3")) == []
+    assert convs.reads == 1 and ("c", 0, "g3") not in convs.messages
