@@ -99,11 +99,11 @@ class PromptBuilder:
         turn, user_message = self._place(req, history)
         if user_message is None:
             return await self._refused(req, 404, "invalid", "That message is no longer in the conversation.")
-        summary = None
+        summary: list[Summary] = []  # the newest two: one written ahead of the next drop stands in after it
         built = self._build(req, history, summary, user_message)
         if isinstance(built, Built) and built.dropped and req.history is None:
-            summary = await self.records.latest_summary(req.conversation_id)
-            if summary is not None:
+            summary = await self.records.latest_summaries(req.conversation_id)
+            if summary:
                 built = self._build(req, history, summary, user_message)
         if isinstance(built, TooLong):
             return await self._too_long(req, built)
@@ -114,7 +114,7 @@ class PromptBuilder:
             return placed  # answered by an earlier generation (nothing), or refused
         # 5. The prompt for the scheduler, and a summary request when older turns fell out of the window.
         outs = [Out(self.topics.prompts, prompt_built(req, placed), req.conversation_id)]
-        outs += await self._summary(req, placed.built, summary)
+        outs += await self._summary(req, placed.built, summary[0] if summary else None)
         window = placed.built.window
         log.info("generation %s prompt built: turn %d, %d tokens for pool %s (window %d, reply %d), %d turns "
                  "kept, summary %s", req.generation_id, placed.turn, len(window.ids), req.pool,
@@ -142,7 +142,7 @@ class PromptBuilder:
         return history
 
     async def _save_claimed(self, req: RequestAdmitted, placed: Placed, history: list[Message],
-                            summary: Summary | None) -> Placed | list[Out]:
+                            summary: list[Summary]) -> Placed | list[Out]:
         """The user message is saved before generation begins (before PromptBuilt is produced). The durable
         client_message_id claim runs beside those writes: it only loses to a retry the gateway's own claim
         (Redis) missed, and then the rows written here are taken back."""
@@ -172,12 +172,21 @@ class PromptBuilder:
         return Placed(turn, user_message, built)
 
     async def _summary(self, req: RequestAdmitted, built: Built, summary: Summary | None) -> list[Out]:
-        dropped = built.window.fitted.dropped_upto_turn
-        if req.history is not None or dropped is None or not summaries.wanted(dropped, summary):
+        """A summary request for the turns that fell out, if the newest summary (``summary``) misses them, or
+        for the block that falls next (``summaries.ahead``)."""
+        window = built.window
+        dropped = window.fitted.dropped_upto_turn
+        if req.history is not None or dropped is None:
+            return []  # before the first drop no summary is read, so none is asked for ahead either
+        upto: int | None = dropped
+        if not summaries.wanted(dropped, summary):
+            upto = summaries.ahead(built.turns, window.fitted.turns_kept,
+                                   summary.upto_turn if summary is not None else None)
+        if upto is None:
             return []
-        if not await self._summary_slot(req, dropped):
+        if not await self._summary_slot(req, upto):
             return []  # one summary in flight per conversation
-        request = self._summary_request(req, built.turns, dropped, summary)
+        request = self._summary_request(req, built.turns, upto, summary)
         return [request] if request is not None else []
 
     async def _save_blocked(self, e: InputBlocked) -> None:
@@ -197,7 +206,7 @@ class PromptBuilder:
     def _place(self, req: RequestAdmitted, history: list[Message]) -> tuple[int, Message | None]:
         return place(req, history, id_time(req.message_id) or datetime.now(UTC))  # a redelivery: the same time
 
-    def _build(self, req: RequestAdmitted, history: list[Message], summary: Summary | None,
+    def _build(self, req: RequestAdmitted, history: list[Message], summary: list[Summary],
                user_message: Message) -> Built | TooLong:
         """The prompt for the request's pool, and for the overflow pool when its prompt would differ
         (another model's tokenizer, another window): the scheduler may still send it there."""
@@ -227,16 +236,17 @@ class PromptBuilder:
             return False  # no such pool in this deployment
         return True
 
-    def _fit(self, req: RequestAdmitted, turns: list[Turn], summary: Summary | None, pool: str,
+    def _fit(self, req: RequestAdmitted, turns: list[Turn], summary: list[Summary], pool: str,
              instructions: str | None = None) -> Window | TooLong:
         tok = self.tokenizer_for_pool(pool)
         if isinstance(req.history, list):  # the client sent the whole history (OpenAI-compatible API)
             pairs = [(t.role, t.content) for t in req.history]
             return fit_window(lambda b: fit_history(pairs, tok.count, b), tok.chat_ids, self.budget,
                               self.max_model_len(pool), req.reply_cap)
-        known = (summary.upto_turn, summary.summary) if summary else None
-        return fit_window(lambda b: fit(turns, tok.count, b, known, instructions), tok.chat_ids, self.budget,
-                          self.max_model_len(pool), req.reply_cap)
+        known = [(s.upto_turn, s.summary) for s in summary]
+        return fit_window(lambda b: fit(turns, tok.count, b, known[0] if known else None, instructions,
+                                        older=known[1] if len(known) > 1 else None),
+                          tok.chat_ids, self.budget, self.max_model_len(pool), req.reply_cap)
 
     def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
                 prompt_tokens: int) -> list[Awaitable[Any]]:

@@ -38,22 +38,38 @@ class Fitted:
 
 
 def fit(turns: Sequence[Turn], count: Callable[[str], int], budget: int,
-        summary: tuple[int, str] | None = None, instructions: str | None = None) -> Fitted:
+        summary: tuple[int, str] | None = None, instructions: str | None = None,
+        older: tuple[int, str] | None = None) -> Fitted:
     """``turns`` oldest first, the last one unanswered. Keeps newest turns whole while they fit; when older
     ones fall out and ``summary`` (upto_turn, text) covers them, its note gets room first, right after the
-    shared system prompt and the conversation's ``instructions`` (always kept, and counted in the budget)."""
+    shared system prompt and the conversation's ``instructions`` (always kept, and counted in the budget).
+
+    ``older``: the summary before ``summary``. While ``summary`` also covers turns still kept (it was written
+    ahead of the next drop), ``older`` stands in if it covers the fallen ones: the prompt's start, and so the
+    engine's prefix cache, stays the same until that next drop."""
     told = instructions_note(instructions)
     base = count(SYSTEM_PROMPT) + PER_MESSAGE_OVERHEAD + (count(told) + PER_MESSAGE_OVERHEAD if told else 0)
     kept = _aligned(_newest(turns, count, budget - base), len(turns))
     dropped = turns[: len(turns) - len(kept)]
-    note = f"Summary of the earlier conversation: {summary[1]}" if summary is not None else ""
     if dropped and summary is not None:
-        with_note = _aligned(_newest(turns, count, budget - base - count(note) - PER_MESSAGE_OVERHEAD), len(turns))
-        dropped_too = turns[: len(turns) - len(with_note)]
-        fits = sum(_cost(t, count) for t in with_note) + count(note) + PER_MESSAGE_OVERHEAD <= budget - base
-        if fits and summary[0] >= dropped_too[-1].turn - SUMMARY_MAX_GAP:
+        tried = [_with_note(turns, count, budget - base, s) for s in (summary, older) if s is not None]
+        usable = [(s, w, d, note) for s, (w, d, note, fits) in zip((summary, older), tried, strict=False)
+                  if s is not None and fits and s[0] >= d[-1].turn - SUMMARY_MAX_GAP]
+        exact = [u for u in usable if u[0][0] <= u[2][-1].turn]  # covers no kept turn
+        if usable:
+            _, with_note, dropped_too, note = (exact or usable)[0]
             return _fitted(with_note, dropped_too, note, told)
     return _fitted(kept, dropped, None, told)
+
+
+def _with_note(turns: Sequence[Turn], count: Callable[[str], int], room: int,
+               summary: tuple[int, str]) -> tuple[list[Turn], Sequence[Turn], str, bool]:
+    """(Kept turns, fallen turns, the note, whether it all fits) with ``summary``'s note given room first."""
+    note = f"Summary of the earlier conversation: {summary[1]}"
+    with_note = _aligned(_newest(turns, count, room - count(note) - PER_MESSAGE_OVERHEAD), len(turns))
+    dropped_too = turns[: len(turns) - len(with_note)]
+    fits = sum(_cost(t, count) for t in with_note) + count(note) + PER_MESSAGE_OVERHEAD <= room
+    return with_note, dropped_too, note, fits and bool(dropped_too)
 
 
 def _newest(turns: Sequence[Turn], count: Callable[[str], int], room: int) -> list[Turn]:

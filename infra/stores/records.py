@@ -152,11 +152,17 @@ class Records:
              if self.sealer else s.summary, s.tokens, datetime.now(UTC)))
 
     async def latest_summary(self, conversation_id: str) -> Summary | None:
+        return next(iter(await self.latest_summaries(conversation_id, 1)), None)
+
+    async def latest_summaries(self, conversation_id: str, count: int = 2) -> list[Summary]:
+        """The newest ``count`` summaries, newest first (one statement)."""
         rows = await self.db.execute(
-            "SELECT conversation_id, upto_turn, summary, tokens FROM summaries WHERE conversation_id = ? LIMIT 1",
-            (conversation_id,))
-        if not rows:
-            return None
-        summary = Summary(*rows[0])
-        text = await self.sealer.open_text(summary.conversation_id, summary.summary) if self.sealer else summary.summary
-        return Summary(summary.conversation_id, summary.upto_turn, text, summary.tokens) if text else None
+            "SELECT conversation_id, upto_turn, summary, tokens FROM summaries WHERE conversation_id = ? LIMIT ?",
+            (conversation_id, count))
+        out = []
+        for row in rows:
+            s = Summary(*row)
+            text = await self.sealer.open_text(s.conversation_id, s.summary) if self.sealer else s.summary
+            if text:
+                out.append(Summary(s.conversation_id, s.upto_turn, text, s.tokens))
+        return out

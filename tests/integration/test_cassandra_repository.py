@@ -156,6 +156,9 @@ async def test_usage_and_summary_round_trip(db) -> None:  # type: ignore[no-unty
     await records.save_summary(Summary(cid, 3, "older turns", 4))
     await records.save_summary(Summary(cid, 7, "more turns", 6))
     assert (await records.latest_summary(cid)).upto_turn == 7  # type: ignore[union-attr]
+    # The newest two, newest first (the prompt build picks one written ahead only once its turns fell out).
+    assert [(s.upto_turn, s.summary) for s in await records.latest_summaries(cid)] == [(7, "more turns"),
+                                                                                      (3, "older turns")]
 
 
 async def test_usage_is_counted_once_per_generation_from_the_ledger(db) -> None:  # type: ignore[no-untyped-def]

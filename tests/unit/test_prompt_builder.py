@@ -95,12 +95,12 @@ def test_the_conversations_instructions_reach_its_prompt_from_the_history_alread
     told = instructions_message("c", "Answer like a pirate.", NOW)
     turn, message = place(req(), [told, *HISTORY], NOW)
     assert turn == 2 and message is not None  # the copy is no turn of the conversation
-    with_told = builder._build(req(), [told, *HISTORY], None, message)
-    without = builder._build(req(), HISTORY, None, message)
+    with_told = builder._build(req(), [told, *HISTORY], [], message)
+    without = builder._build(req(), HISTORY, [], message)
     assert isinstance(with_told, Built) and isinstance(without, Built)
     system = [m["content"] for m in with_told.window.fitted.messages if m["role"] == "system"]
     assert system[0] == SYSTEM_PROMPT and system[1].endswith("Answer like a pirate.")
     assert with_told.window.fitted.messages[2:] == without.window.fitted.messages[1:]
     assert isinstance(with_told.window, Window) and len(with_told.window.ids) > len(without.window.ids)
-    api = builder._build(req(history=[]), [told, *HISTORY], None, message)  # a client-sent history: not applied
+    api = builder._build(req(history=[]), [told, *HISTORY], [], message)  # a client-sent history: not applied
     assert isinstance(api, Built) and not any("pirate" in m["content"] for m in api.window.fitted.messages)

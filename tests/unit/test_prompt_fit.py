@@ -12,7 +12,7 @@ from consumers.prompt.fit import (
     fit_window,
     instructions_note,
 )
-from consumers.prompt.summary import summary_messages, wanted
+from consumers.prompt.summary import ahead, summary_messages, wanted
 from infra.stores.records import Summary
 
 
@@ -172,3 +172,34 @@ def test_custom_instructions_are_the_same_tokens_on_every_turn() -> None:
     prompts = [fit(_turns(n), words, 10_000, instructions=told).messages for n in (1, 3, 7)]
     assert prompts[0][:2] == prompts[1][:2] == prompts[2][:2]  # a stable prefix: the engine's cache holds it
     assert fit(_turns(3), words, 10_000, instructions="").messages == fit(_turns(3), words, 10_000).messages
+
+
+def test_the_block_that_falls_next_is_summarised_before_it_falls() -> None:
+    turns = _turns(20)  # turns 0-18 answered, 19 asked now
+    assert ahead(turns, 12, newest=7) == 11  # kept from 8: turns 8-11 fall next
+    assert ahead(turns, 10, newest=7) == 11  # kept from 10: the block ends at 11 all the same
+    assert ahead(turns, 12, newest=None) == 11
+    assert ahead(turns, 12, newest=11) is None  # written already (or asked for: the slot says)
+    # A block that reaches the turn being answered is not summarised (its reply does not exist yet).
+    assert ahead(turns, 2, newest=7) is None
+    assert ahead(turns, 1, newest=7) is None
+
+
+def test_a_summary_written_ahead_waits_for_its_block_to_fall_and_the_prompt_start_holds_till_then() -> None:
+    budget = 230
+    now = fit(_turns(20), words, budget, summary=(11, "up to eleven"))
+    assert now.summary_used and now.dropped_upto_turn is not None
+    fallen = now.dropped_upto_turn
+    # The block after it is summarised ahead (it is still kept): the older summary, which covers what fell,
+    # stands in, so the prompt starts as it did before the ahead one was written.
+    ahead_one = (fallen + DROP_STEP, "up to the next block")
+    same = fit(_turns(20), words, budget, summary=ahead_one, older=(fallen, "up to what fell"))
+    before = fit(_turns(20), words, budget, summary=(fallen, "up to what fell"))
+    assert same.messages[:3] == before.messages[:3] and same.dropped_upto_turn == fallen
+    # Once that block has fallen (the conversation grew by a block), the ahead one stands in.
+    later = fit(_turns(20 + DROP_STEP), words, budget, summary=ahead_one, older=(fallen, "up to what fell"))
+    assert later.dropped_upto_turn == fallen + DROP_STEP
+    assert later.messages[1]["content"].endswith("up to the next block")
+    # No older one, or one too far behind: the newest stands in, as before.
+    alone = fit(_turns(20), words, budget, summary=ahead_one)
+    assert alone.summary_used and alone.messages[1]["content"].endswith("up to the next block")
