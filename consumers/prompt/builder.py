@@ -93,26 +93,40 @@ class PromptBuilder:
         # 2. Read the history (with any reply that ended but is not saved yet).
         history = await self._read(req)
         read_at = time.perf_counter()
-        # 3. Decide where the message goes and fit the prompt to the pool's window, or refuse. Only when older
-        #    turns fall out is the latest summary read (and the prompt fitted again with it): a conversation
-        #    that fits its window whole costs no summaries read.
+        # 3. Decide where the message goes; its row and the reply's placeholder need only that, so their write
+        #    starts now and its wait overlaps the fitting below (the tokenizer's work, any summary read).
         turn, user_message = self._place(req, history)
         if user_message is None:
             return await self._refused(req, 404, "invalid", "That message is no longer in the conversation.")
-        summary: list[Summary] = []  # the newest two: one written ahead of the next drop stands in after it
-        built = self._build(req, history, summary, user_message)
-        if isinstance(built, Built) and built.dropped and req.history is None:
-            summary = await self.records.latest_summaries(req.conversation_id)
-            if summary:
-                built = self._build(req, history, summary, user_message)
+        rows = self._rows(req, turn, user_message, history)
+        saving = asyncio.ensure_future(self.conversations.save_messages(rows)) if rows else None
+        if saving is not None:
+            await asyncio.sleep(0)  # the write runs up to its request to Cassandra before the fitting's CPU
+        # 4. Fit the prompt to the pool's window, or refuse (taking the rows back). Only when older turns fall
+        #    out are the latest summaries read (and the prompt fitted again): a conversation that fits its
+        #    window whole costs no summaries read.
+        try:
+            summary: list[Summary] = []  # the newest two: one written ahead of the next drop stands in after it
+            built = self._build(req, history, summary, user_message)
+            if isinstance(built, Built) and built.dropped and req.history is None:
+                summary = await self.records.latest_summaries(req.conversation_id)
+                if summary:
+                    built = self._build(req, history, summary, user_message)
+        except BaseException:
+            _left(saving)  # the handler fails (and is applied again): the write goes on, rewritten then
+            raise
         if isinstance(built, TooLong):
+            if saving is not None:
+                await saving
+                await asyncio.gather(*(self.conversations.delete_message(r.conversation_id, r.turn, r.message_id)
+                                       for r in rows))
             return await self._too_long(req, built)
         built_at = time.perf_counter()
-        # 4. Save the user message and the reply's placeholder, claiming the client_message_id beside them.
-        placed = await self._save_claimed(req, Placed(turn, user_message, built), history, summary)
+        # 5. Wait for the rows, and claim the client_message_id beside them.
+        placed = await self._save_claimed(req, Placed(turn, user_message, built), history, summary, saving)
         if not isinstance(placed, Placed):
             return placed  # answered by an earlier generation (nothing), or refused
-        # 5. The prompt for the scheduler, and a summary request when older turns fell out of the window.
+        # 6. The prompt for the scheduler, and a summary request when older turns fell out of the window.
         outs = [Out(self.topics.prompts, prompt_built(req, placed), req.conversation_id)]
         outs += await self._summary(req, placed.built, summary[0] if summary else None)
         window = placed.built.window
@@ -120,7 +134,7 @@ class PromptBuilder:
                  "kept, summary %s", req.generation_id, placed.turn, len(window.ids), req.pool,
                  self.max_model_len(req.pool), window.max_tokens, window.fitted.turns_kept,
                  window.fitted.summary_used)
-        log.debug("generation %s prompt stage: reads %.1f ms, build %.1f ms, writes+claim %.1f ms",
+        log.debug("generation %s prompt stage: reads %.1f ms, build %.1f ms, then writes+claim %.1f ms",
                   req.generation_id, (read_at - began) * 1000, (built_at - read_at) * 1000,
                   (time.perf_counter() - built_at) * 1000)
         return outs
@@ -142,7 +156,7 @@ class PromptBuilder:
         return history
 
     async def _save_claimed(self, req: RequestAdmitted, placed: Placed, history: list[Message],
-                            summary: list[Summary]) -> Placed | list[Out]:
+                            summary: list[Summary], saving: asyncio.Future[Any] | None) -> Placed | list[Out]:
         """The user message is saved before generation begins (before PromptBuilt is produced). The durable
         client_message_id claim runs beside those writes: it only loses to a retry the gateway's own claim
         (Redis) missed, and then the rows written here are taken back."""
@@ -151,7 +165,10 @@ class PromptBuilder:
         unclaimed = req.regenerate or req.client_message_id == own_client_message_id(req.generation_id)
         claim = None if unclaimed else asyncio.ensure_future(self.conversations.claim_client_message(
             req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn))
-        await asyncio.gather(*self._writes(req, turn, user_message, history, len(placed.built.window.ids)))
+        writes: list[Awaitable[Any]] = [saving] if saving is not None else []
+        if self.quota is not None:
+            writes.append(self.quota.true_up(req.generation_id, len(placed.built.window.ids)))  # the real size
+        await asyncio.gather(*writes)
         if claim is None:
             return placed
         won = await claim
@@ -248,13 +265,19 @@ class PromptBuilder:
                                         older=known[1] if len(known) > 1 else None),
                           tok.chat_ids, self.budget, self.max_model_len(pool), req.reply_cap)
 
-    def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
-                prompt_tokens: int) -> list[Awaitable[Any]]:
-        rows: list[Message] = []  # one statement: the user message and the placeholder share a partition
+    def _rows(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message]) -> list[Message]:
+        """What this request writes to the conversation: one statement, as the user message and the placeholder
+        share a partition (a regenerate's message is saved already)."""
+        rows: list[Message] = []
         if not req.regenerate and req.plan not in self.keep_nothing:
             rows.append(user_message)
         if req.plan not in self.keep_nothing and not req.fresh_conversation:
             rows += self._placeholder(req, turn, user_message.message_id, history)
+        return rows
+
+    def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
+                prompt_tokens: int) -> list[Awaitable[Any]]:
+        rows = self._rows(req, turn, user_message, history)
         writes: list[Awaitable[Any]] = [self.conversations.save_messages(rows)] if rows else []
         if self.quota is not None:
             writes.append(self.quota.true_up(req.generation_id, prompt_tokens))  # estimate -> real prompt size
@@ -374,3 +397,9 @@ def prompt_built(req: RequestAdmitted, placed: Placed) -> PromptBuilt:
 def _tool_call(req: RequestAdmitted) -> str | None:
     """How the reply holds function calls (``Sampling.tool_call``), if the client asked for any."""
     return getattr(req.sampling, "tool_call", None)
+
+
+def _left(saving: asyncio.Future[Any] | None) -> None:
+    """A write no longer waited for: its outcome is taken when it ends (no "never retrieved" warning)."""
+    if saving is not None:
+        saving.add_done_callback(lambda f: f.cancelled() or f.exception())

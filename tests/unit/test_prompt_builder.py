@@ -104,3 +104,52 @@ def test_the_conversations_instructions_reach_its_prompt_from_the_history_alread
     assert isinstance(with_told.window, Window) and len(with_told.window.ids) > len(without.window.ids)
     api = builder._build(req(history=[]), [told, *HISTORY], [], message)  # a client-sent history: not applied
     assert isinstance(api, Built) and not any("pirate" in m["content"] for m in api.window.fitted.messages)
+
+
+async def test_the_rows_are_written_while_the_prompt_is_fitted_and_taken_back_if_it_cannot_fit() -> None:
+    import asyncio
+
+    from consumers.prompt.builder import PromptBuilder
+    from schemas import PromptBuilt, RequestRefused
+    from topics import Topics
+
+    order: list[str] = []
+
+    class Counting(Words):
+        def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+            order.append("fit")
+            return super().chat_ids(messages)
+
+    class Convs:
+        def __init__(self) -> None:
+            self.rows: dict[tuple[int, str], Message] = {}
+            self.deleted: list[tuple[int, str]] = []
+
+        async def all_messages(self, conversation_id: str) -> list[Message]:
+            return list(HISTORY)
+
+        async def save_messages(self, rows: list[Message]) -> None:
+            order.append("write")  # the request is on its way before the prompt is fitted
+            await asyncio.sleep(0.01)
+            self.rows.update({(m.turn, m.message_id): m for m in rows})
+
+        async def claim_client_message(self, cid: str, key: str, gid: str, mid: str, turn: int) -> ClientMessageClaim:
+            return ClientMessageClaim(gid, mid, turn, True)
+
+        async def delete_message(self, conversation_id: str, turn: int, message_id: str) -> None:
+            self.deleted.append((turn, message_id))
+            self.rows.pop((turn, message_id), None)
+
+    convs = Convs()
+    builder = PromptBuilder(convs, None, Topics("t."), lambda pool: Counting(), 4000,  # type: ignore[arg-type]
+                            lambda pool: 8192)
+    outs = await asyncio.wait_for(builder.handle(req()), 2)
+    assert [type(o.event) for o in outs] == [PromptBuilt]
+    assert set(convs.rows) == {(2, "m2"), (2, "g2")}  # the user message and the reply's placeholder
+    assert order[0] == "write" and "fit" in order
+    # A message that cannot fit is refused, and the rows written meanwhile are taken back.
+    convs.rows.clear()
+    outs = await asyncio.wait_for(builder.handle(req(generation_id="g3", message_id="m3",
+                                                     content="word " * 9000)), 2)
+    assert [type(o.event) for o in outs] == [RequestRefused] and outs[0].event.status == 413
+    assert convs.rows == {} and sorted(convs.deleted) == [(2, "g3"), (2, "m3")]
