@@ -107,7 +107,7 @@ class Persistence:
         # the reply's placeholder (its created_at) and that message. An API reply needs neither. Without the
         # read, the reply is dated as its placeholder was: by its id's time.
         user = (e.parent_id, e.question) if page and e.parent_id and e.question else None
-        made = id_time(e.message_id) or (datetime.fromtimestamp(e.started_at, UTC) if e.started_at else finished_at)
+        made = _made_at(e, finished_at)
         if page and user is None:
             turn = await self.conversations.messages_of_turn(
                 e.conversation_id, e.turn, {e.message_id} | ({e.parent_id} if e.parent_id else set()))
@@ -139,8 +139,8 @@ class Persistence:
         """The reply of an OpenAI call in the conversation the gateway made and listed for it: its row is not
         read (nobody has marked a change: not renamed, not deleted) and the list is left as it is, unless the
         reply has no text. Neither indexed nor titled, as every API reply."""
-        made = id_time(e.message_id) or (datetime.fromtimestamp(e.started_at, UTC) if e.started_at else finished_at)
-        writes: list[Awaitable[Any]] = [self.conversations.save_message(_reply_row(e, made, finished_at))]
+        writes: list[Awaitable[Any]] = [self.conversations.save_message(
+            _reply_row(e, _made_at(e, finished_at), finished_at))]
         if not e.text.strip():  # as one never listed: not in the list (and still in its owner's index)
             writes.append(self.conversations.take_off_list(e.user_id, e.conversation_id))
         await _all(writes)
@@ -189,7 +189,6 @@ class Persistence:
                       if self.search is not None else [])])
         log.info("conversation %s titled (%d chars)", e.conversation_id, len(title))
 
-
     async def _conversation(self, conversation_id: str, changed: bytes | None) -> Conversation | None:
         """The conversation's row: as this process last wrote it, while nobody else changed it (its change mark
         is as it was then) and for at most ``KNOWN_FOR_S``; else read. A deleted one is None, and the read of its
@@ -227,6 +226,11 @@ async def _all(writes: list[Awaitable[Any]]) -> None:
     failed = next((r for r in results if isinstance(r, BaseException)), None)
     if failed is not None:
         raise failed
+
+
+def _made_at(e: GenerationFinished, finished_at: datetime) -> datetime:
+    """When the reply was made: its id's time (as its placeholder was dated), else its start, else its end."""
+    return id_time(e.message_id) or (datetime.fromtimestamp(e.started_at, UTC) if e.started_at else finished_at)
 
 
 def _reply_row(e: GenerationFinished, made: datetime, finished_at: datetime) -> Message:

@@ -165,10 +165,7 @@ class PromptBuilder:
         unclaimed = req.regenerate or req.client_message_id == own_client_message_id(req.generation_id)
         claim = None if unclaimed else asyncio.ensure_future(self.conversations.claim_client_message(
             req.conversation_id, req.client_message_id, req.generation_id, req.message_id, turn))
-        writes: list[Awaitable[Any]] = [saving] if saving is not None else []
-        if self.quota is not None:
-            writes.append(self.quota.true_up(req.generation_id, len(placed.built.window.ids)))  # the real size
-        await asyncio.gather(*writes)
+        await asyncio.gather(*self._writes(req, saving, len(placed.built.window.ids)))
         if claim is None:
             return placed
         won = await claim
@@ -185,7 +182,9 @@ class PromptBuilder:
         built = self._build(req, history, summary, user_message)
         if isinstance(built, TooLong):
             return await self._too_long(req, built)
-        await asyncio.gather(*self._writes(req, turn, user_message, history, len(built.window.ids)))
+        rows = self._rows(req, turn, user_message, history)
+        saving = asyncio.ensure_future(self.conversations.save_messages(rows)) if rows else None
+        await asyncio.gather(*self._writes(req, saving, len(built.window.ids)))
         return Placed(turn, user_message, built)
 
     async def _summary(self, req: RequestAdmitted, built: Built, summary: Summary | None) -> list[Out]:
@@ -275,10 +274,10 @@ class PromptBuilder:
             rows += self._placeholder(req, turn, user_message.message_id, history)
         return rows
 
-    def _writes(self, req: RequestAdmitted, turn: int, user_message: Message, history: list[Message],
+    def _writes(self, req: RequestAdmitted, saving: asyncio.Future[Any] | None,
                 prompt_tokens: int) -> list[Awaitable[Any]]:
-        rows = self._rows(req, turn, user_message, history)
-        writes: list[Awaitable[Any]] = [self.conversations.save_messages(rows)] if rows else []
+        """The rows' write (already on its way) and the reservation's true-up to the real prompt size."""
+        writes: list[Awaitable[Any]] = [saving] if saving is not None else []
         if self.quota is not None:
             writes.append(self.quota.true_up(req.generation_id, prompt_tokens))  # estimate -> real prompt size
         return writes
