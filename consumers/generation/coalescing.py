@@ -18,13 +18,19 @@ from schemas.sampling import TokenLogprob
 class FlushPolicy:
     window_s: float = 0.1  # at the seeds' 36 ms step: 3 tokens a record
     max_tokens: int = 16
+    on_time: bool = True  # flushed by the worker's clock too (flush_clock.py), not only when an output arrives
 
     @property
     def per_step(self) -> bool:
         return self.window_s <= 0 or self.max_tokens <= 1
 
+    @property
+    def tick_s(self) -> float:
+        """How often the worker's clock looks for replies past their window; 0: no clock."""
+        return 0.0 if self.per_step or not self.on_time else min(self.window_s / 5, 0.02)
 
-PER_STEP = FlushPolicy(window_s=0.0, max_tokens=1)  # a record for every engine output
+
+PER_STEP = FlushPolicy(window_s=0.0, max_tokens=1, on_time=False)  # a record for every engine output
 
 
 @dataclass

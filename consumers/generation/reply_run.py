@@ -24,6 +24,7 @@ from consumers.generation.decisions import Generate, Limits, finished_event, sta
 from consumers.generation.engine import EngineDead
 from consumers.generation.fencing import Fence
 from consumers.generation.finishing import Finisher
+from consumers.generation.flush_clock import FlushClock
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.recovery import Saved
 from consumers.generation.reply_stream import ReplyStream
@@ -58,6 +59,7 @@ class Crew(Protocol):
     finisher: Finisher
     redis: Any
     flush: FlushPolicy
+    clock: FlushClock
 
     async def seal(self, event: Any) -> Any: ...
 
@@ -87,6 +89,8 @@ class ReplyRun:
         self.guard: OutputGuard | None = (crew.safety.start(req.plan, req.purpose) if crew.safety is not None
                                           else None)
         self.pending: list[asyncio.Future[Any]] = []  # handed to the producer, not acknowledged yet
+        self._order = asyncio.Lock()  # the loop's flushes and the clock's: records handed over in seq order
+        self._late: BaseException | None = None  # the clock's flush failed: raised in the loop at its next output
 
     @property
     def gid(self) -> str:
@@ -129,11 +133,22 @@ class ReplyRun:
     async def _run(self) -> Ran | None:
         """The engine loop: each output counted, recorded when due, checked when its chunk is complete. None when
         this worker found itself fenced off (paused past its lease: SIGSTOP, a long GC)."""
-        crew, req, gen, state, guard = self.crew, self.req, self.gen, self.state, self.guard
+        crew, req, gen, guard = self.crew, self.req, self.gen, self.guard
         sampling = for_request(req, saved_tokens=len(self.saved.token_ids), max_tokens=gen.max_tokens)
         lane_tokens = crew.metrics.lane_tokens.labels(pool=crew.limits.pool, lane=req.lane)  # once, not per output
+        if guard is None or not guard.holds:  # held-back text waits for its check, not for the clock
+            crew.clock.follow(self)
+        try:
+            return await self._outputs(sampling, lane_tokens)
+        finally:
+            crew.clock.drop(self)
+
+    async def _outputs(self, sampling: Any, lane_tokens: Any) -> Ran | None:
+        crew, req, gen, state, guard = self.crew, self.req, self.gen, self.state, self.guard
         async for out in crew.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
                                               gen.priority, sampling):
+            if self._late is not None:
+                raise self._late
             now = time.time()
             if req.generation_id in crew.cancels:
                 await crew.engine.abort(req.generation_id)  # the cancel raced the engine's admission
@@ -166,6 +181,8 @@ class ReplyRun:
                     state.sent(held.seq)
             if out.finished:
                 return Ran(out.finish_reason, None)
+        if self._late is not None:
+            raise self._late
         return Ran(None, None)
 
     async def _ended(self, end: Ended) -> None:
@@ -187,15 +204,29 @@ class ReplyRun:
                                                   state.usage(), state.last_seq, reason, self.picked_at,
                                                   state.first_token_at, block))
 
+    async def flush_on_time(self, now: float) -> None:
+        """The worker's clock: a record of what was gathered once the window has passed, while the engine is
+        still on its step. A failure is raised in the engine loop, where every outage is handled."""
+        if (self._late is not None or self.state.seq == self.gen.first_seq  # the first record is the loop's,
+                or not self.state.due(now, urgent=False)):                # behind GenerationStarted
+            return
+        try:
+            await self._flush(now)
+        except Exception as exc:  # noqa: BLE001 - handed to the loop
+            self._late = exc
+
     async def _flush(self, now: float) -> None:
         """One record of what was gathered, handed to the producer, or held back while the safety check
         has not passed its chunk."""
-        step = self.state.record(now, self.crew.fence.epoch(self.gid))
-        if self.guard is not None and self.guard.holds:
-            self.guard.hold(step)  # shown once its chunk has passed the check
-            return
-        self.pending.append(await self._append(step))
-        self.state.sent(step.seq)
+        async with self._order:
+            if not self.state.gathered:
+                return  # the clock took it while this waited
+            step = self.state.record(now, self.crew.fence.epoch(self.gid))
+            if self.guard is not None and self.guard.holds:
+                self.guard.hold(step)  # shown once its chunk has passed the check
+                return
+            self.pending.append(await self._append(step))
+            self.state.sent(step.seq)
 
     async def _append(self, step: TokensAppended) -> asyncio.Future[Any]:
         """Checked (when held back) in clear here; sealed on the way out. The value leaves out the generation id:

@@ -40,6 +40,7 @@ from consumers.generation.decisions import (
 from consumers.generation.engine import EngineDead
 from consumers.generation.fencing import Fence
 from consumers.generation.finishing import Finisher
+from consumers.generation.flush_clock import FlushClock
 from consumers.generation.intake import Intake, request_key
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.rebalance import Rebalance
@@ -80,6 +81,7 @@ class GenerationWorker:
         """``stand_in_from``: the pool whose engine this worker runs when it stands in for ``limits.pool``
         (consumers/generation/standin.py); "" for one of the pool's own replicas."""
         self.on_ready, self.sealer, self.flush, self.stand_in_from = on_ready, sealer, flush, stand_in_from
+        self.clock = FlushClock(flush)
         self.sealing: set[str] = set()  # generations whose request came sealed: their tokens leave sealed
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
         self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"
@@ -124,6 +126,7 @@ class GenerationWorker:
             self.metrics_port = self.metrics.serve(self.metrics_port, self.metrics_host)
         control = asyncio.create_task(self.cancels.follow(self.settings.kafka_bootstrap, self.topics.control),
                                       name="control")
+        clock = asyncio.create_task(self.clock.run(), name="flush-clock")
         stats = asyncio.create_task(self.metrics.watch(self.engine, lambda: len(self.active)), name="stats")
         announce = asyncio.create_task(Announcer(self.redis, self.group, self.worker_id, self.consumer, self.engine,
                                                  lambda: len(self.active), self.stand_in_from).run(), name="announce")
@@ -135,6 +138,7 @@ class GenerationWorker:
             await self._fetch_loop()
         finally:
             control.cancel()
+            clock.cancel()
             stats.cancel()
             announce.cancel()
             await asyncio.gather(announce, return_exceptions=True)  # withdrawn before the store closes

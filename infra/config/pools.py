@@ -34,6 +34,7 @@ ENV_FIELDS = {
     "ENGINE": "engine",
     "FLUSH_MS": "flush_ms",
     "FLUSH_TOKENS": "flush_tokens",
+    "FLUSH_ON_TIME": "flush_on_time",
     "ROUTING": "routing",
     "TOOL_PARSER": "tool_parser",
 }
@@ -93,6 +94,9 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # first (the first token, the finish and a cancel at once); 0: a record per engine output.
     flush_ms: float = 100.0
     flush_tokens: int = 16
+    # true: the worker's clock flushes a reply once its window has passed, even mid-step (a long prefill step
+    # does not hold the tokens made before it); false: only when the reply's next output arrives.
+    flush_on_time: bool = True
     engine: Literal["vllm", "sim"] = "vllm"  # sim: the simulated engine, for load tests and capacity planning
     sim: SimConfig = SimConfig()  # read only when engine = "sim"
     # "hermes": the model writes <tool_call> JSON blocks when it decides to call a function (tool_choice auto);

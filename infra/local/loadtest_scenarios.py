@@ -99,10 +99,14 @@ def prefill(knobs: Knobs) -> list[Step]:
 
 
 def tokens(knobs: Knobs) -> list[Step]:
-    """The replica's load with a record per engine step (the baseline) and with the shipped flush window."""
+    """The replica's load with a record per engine step (the baseline), with the shipped flush window flushed
+    only as outputs arrive, and as shipped (the worker's clock flushing on time too)."""
     load = _shape(Load((Phase(60, 4.0),), drain_s=90), knobs)
-    return [Step(label, ServiceSpec({"large": replace(REPLICA, flush_ms=flush), "small": SMALL}), load)
-            for label, flush in (("a record per step", 0.0), ("flush 100 ms", None))]
+    sides: tuple[tuple[str, float | None, bool | None], ...] = (
+        ("a record per step", 0.0, None), ("flush 100 ms at outputs", None, False), ("flush 100 ms", None, None))
+    return [Step(label, ServiceSpec({"large": replace(REPLICA, flush_ms=flush, flush_on_time=on_time),
+                                     "small": SMALL}), load)
+            for label, flush, on_time in sides]
 
 
 # Routing: four replicas whose prefill is 7x the seeds' replica's (1 s per 1,000 tokens), so this machine's few

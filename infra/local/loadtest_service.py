@@ -40,6 +40,7 @@ class SimPool:
     max_num_seqs: int = 183
     sim: dict[str, Any] = field(default_factory=dict)
     flush_ms: float | None = None  # the pool's token flush window (None: the shipped default)
+    flush_on_time: bool | None = None  # flushed by the worker's clock too (None: the shipped default)
     routing: str | None = None  # how the scheduler picks among its workers (None: the shipped default)
 
 
@@ -70,6 +71,8 @@ def pools_toml(spec: ServiceSpec) -> str:
         lines += [f"[pools.{name}]", f"max_num_seqs = {pool.max_num_seqs}", f'served_model_name = "sim-{name}"',
                   f'description = "loadtest sim {name}"',
                   *([f"flush_ms = {pool.flush_ms!r}"] if pool.flush_ms is not None else []),
+                  *([f"flush_on_time = {_toml_value(pool.flush_on_time)}"] if pool.flush_on_time is not None
+                    else []),
                   *([f'routing = "{pool.routing}"'] if pool.routing is not None else []), ""]
         if pool.sim:
             lines += [f"[pools.{name}.sim]", *(f"{k} = {_toml_value(v)}" for k, v in pool.sim.items()), ""]

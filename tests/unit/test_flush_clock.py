@@ -1,0 +1,145 @@
+"""The worker's flush clock with one reply run on a scripted engine: tokens made before a long engine step leave
+as a record while the step runs (on time), not with the step's own output (at outputs only); the first record
+stays the loop's, behind GenerationStarted; and a failed flush on the clock surfaces in the reply's loop."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiokafka.errors import KafkaTimeoutError
+
+from consumers.generation.coalescing import FlushPolicy
+from consumers.generation.decisions import Generate, Limits
+from consumers.generation.engine import StepOutput
+from consumers.generation.flush_clock import FlushClock
+from consumers.generation.metrics import WorkerMetrics
+from consumers.generation.recovery import Saved
+from consumers.generation.reply_run import ReplyRun
+from schemas import GenerationRequested, GenerationStarted, TokensAppended
+from schemas.codec import decode
+from topics import Topics
+
+
+class _Producer:
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.sent: list[tuple[float, Any]] = []  # (when, the decoded event)
+        self.fail_after = fail_after
+
+    async def send(self, topic: str, value: bytes, key: bytes, partition: int | None = None) -> asyncio.Future[Any]:
+        if self.fail_after is not None and len(self.sent) >= self.fail_after:
+            raise KafkaTimeoutError()
+        self.sent.append((time.monotonic(), decode(value, key=key)))
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+class _Appender:
+    def __init__(self, producer: _Producer) -> None:
+        self.producer = producer
+
+    def partition(self, topic: str, key: str) -> int | None:
+        return None
+
+    async def landed(self, generation_id: str, futures: list[asyncio.Future[Any]]) -> None:
+        await asyncio.gather(*futures)
+
+
+class _Fence:
+    def epoch(self, generation_id: str) -> int:
+        return 0
+
+    async def fenced(self, generation_id: str) -> bool:
+        return False
+
+
+class _Finisher:
+    def __init__(self) -> None:
+        self.finished: list[Any] = []
+
+    async def finish(self, event: Any) -> None:
+        self.finished.append(event)
+
+
+class _Engine:
+    """Outputs at scripted delays: (seconds before it, text, finished)."""
+
+    def __init__(self, script: list[tuple[float, str, bool]]) -> None:
+        self.script, self.arrived = script, list[float]()
+
+    async def generate(self, gid: str, prompt: list[int], max_tokens: int, priority: int,
+                       sampling: Any) -> AsyncIterator[StepOutput]:
+        for i, (delay, text, finished) in enumerate(self.script):
+            await asyncio.sleep(delay)
+            self.arrived.append(time.monotonic())
+            yield StepOutput(request_id=gid, token_ids=(i + 1,), text=text, finished=finished,
+                             finish_reason="stop" if finished else None)
+
+    async def abort(self, gid: str) -> None:
+        pass
+
+
+class _Crew:
+    def __init__(self, engine: _Engine, flush: FlushPolicy, producer: _Producer) -> None:
+        self.engine, self.flush, self.clock = engine, flush, FlushClock(flush)
+        self.limits = Limits("large", "m", 4096)
+        self.worker_id, self.topics = "w", Topics("t")
+        self.appender, self.fence, self.cancels = _Appender(producer), _Fence(), set[str]()
+        self.metrics, self.safety, self.finisher, self.redis = WorkerMetrics("large"), None, _Finisher(), None
+
+    async def seal(self, event: Any) -> Any:
+        return event
+
+
+# "a" at once, "b" 10 ms later, then a 300 ms step (a prefill in the batch) before "c", the last.
+SCRIPT = [(0.0, "a", False), (0.01, "b", False), (0.3, "c", True)]
+WINDOW = FlushPolicy(window_s=0.05, max_tokens=16)
+
+
+async def _run(flush: FlushPolicy, producer: _Producer | None = None) -> tuple[_Crew, _Engine, _Producer]:
+    engine, producer = _Engine(SCRIPT), producer or _Producer()
+    crew = _Crew(engine, flush, producer)
+    req = GenerationRequested(generation_id="g", conversation_id="c", user_id="u", plan="paid", pool="large",
+                              lane="paid", prompt_token_ids=[1, 2, 3], max_tokens=20)
+    clock = asyncio.create_task(crew.clock.run())
+    try:
+        await ReplyRun(crew, req, Generate([1, 2, 3], 20, 0, False, 0), Saved(), time.time()).stream()
+    finally:
+        clock.cancel()
+    return crew, engine, producer
+
+
+def _tokens(producer: _Producer) -> list[tuple[float, str]]:
+    return [(at, e.text) for at, e in producer.sent if isinstance(e, TokensAppended)]
+
+
+async def test_on_time_the_tokens_before_a_long_step_leave_while_it_runs() -> None:
+    crew, engine, producer = await _run(WINDOW)
+    assert isinstance(producer.sent[0][1], GenerationStarted)  # the first record stays behind the announcement
+    records = _tokens(producer)
+    assert [text for _, text in records] == ["a", "b", "c"]
+    b_sent, c_arrived = records[1][0], engine.arrived[2]
+    assert b_sent < c_arrived - 0.15  # out ~50 ms into the 300 ms step, not with its output
+    assert [e.seq for _, e in producer.sent if isinstance(e, TokensAppended)] == [0, 1, 2]
+    finished = crew.finisher.finished[0]
+    assert (finished.text, finished.last_seq, finished.status) == ("abc", 2, "complete") and not crew.clock.runs
+
+
+async def test_at_outputs_only_the_long_step_holds_them() -> None:
+    crew, engine, producer = await _run(FlushPolicy(window_s=0.05, max_tokens=16, on_time=False))
+    records = _tokens(producer)
+    assert [text for _, text in records] == ["a", "bc"]
+    assert records[1][0] >= engine.arrived[2]
+    assert crew.clock.tick_s == 0
+
+
+async def test_a_failed_flush_on_the_clock_ends_the_reply_in_its_loop() -> None:
+    # GenerationStarted and "a" go out; the clock's flush of "b" fails: the loop raises it at its next output,
+    # as a Kafka outage the request waits out (nothing finished, "c" never recorded)
+    producer = _Producer(fail_after=2)
+    with pytest.raises(KafkaTimeoutError):
+        await _run(WINDOW, producer)
+    assert [text for _, text in _tokens(producer)] == ["a"]
