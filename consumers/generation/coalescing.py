@@ -27,7 +27,7 @@ class FlushPolicy:
     @property
     def tick_s(self) -> float:
         """How often the worker's clock looks for replies past their window; 0: no clock."""
-        return 0.0 if self.per_step or not self.on_time else min(self.window_s / 5, 0.02)
+        return 0.0 if self.per_step or not self.on_time else min(self.window_s / 10, 0.01)
 
 
 PER_STEP = FlushPolicy(window_s=0.0, max_tokens=1, on_time=False)  # a record for every engine output

@@ -204,11 +204,12 @@ class ReplyRun:
                                                   state.usage(), state.last_seq, reason, self.picked_at,
                                                   state.first_token_at, block))
 
-    async def flush_on_time(self, now: float) -> None:
-        """The worker's clock: a record of what was gathered once the window has passed, while the engine is
-        still on its step. A failure is raised in the engine loop, where every outage is handled."""
+    async def flush_on_time(self, now: float, ahead_s: float) -> None:
+        """The worker's clock: a record of what was gathered once the window has passed (or will have, by
+        ``ahead_s``), while the engine is still on its step. A failure is raised in the engine loop, where every
+        outage is handled."""
         if (self._late is not None or self.state.seq == self.gen.first_seq  # the first record is the loop's,
-                or not self.state.due(now, urgent=False)):                # behind GenerationStarted
+                or not self.state.due(now + ahead_s, urgent=False)):      # behind GenerationStarted
             return
         try:
             await self._flush(now)
