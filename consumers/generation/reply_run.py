@@ -91,6 +91,7 @@ class ReplyRun:
         self.pending: list[asyncio.Future[Any]] = []  # handed to the producer, not acknowledged yet
         self._order = asyncio.Lock()  # the loop's flushes and the clock's: records handed over in seq order
         self._late: BaseException | None = None  # the clock's flush failed: raised in the loop at its next output
+        self._on_clock = False  # the engine loop runs and the clock follows it
 
     @property
     def gid(self) -> str:
@@ -138,9 +139,11 @@ class ReplyRun:
         lane_tokens = crew.metrics.lane_tokens.labels(pool=crew.limits.pool, lane=req.lane)  # once, not per output
         if guard is None or not guard.holds:  # held-back text waits for its check, not for the clock
             crew.clock.follow(self)
+            self._on_clock = True
         try:
             return await self._outputs(sampling, lane_tokens)
-        finally:
+        finally:  # ended, fenced off, or let go (a rebalance): the clock writes nothing more for it
+            self._on_clock = False
             crew.clock.drop(self)
 
     async def _outputs(self, sampling: Any, lane_tokens: Any) -> Ran | None:
@@ -208,20 +211,21 @@ class ReplyRun:
         """The worker's clock: a record of what was gathered once the window has passed (or will have, by
         ``ahead_s``), while the engine is still on its step. A failure is raised in the engine loop, where every
         outage is handled."""
-        if (self._late is not None or self.state.seq == self.gen.first_seq  # the first record is the loop's,
-                or not self.state.due(now + ahead_s, urgent=False)):      # behind GenerationStarted
+        if (not self._on_clock or self._late is not None
+                or self.state.seq == self.gen.first_seq  # the first record is the loop's, behind GenerationStarted
+                or not self.state.due(now + ahead_s, urgent=False)):
             return
         try:
-            await self._flush(now)
+            await self._flush(now, clocked=True)
         except Exception as exc:  # noqa: BLE001 - handed to the loop
             self._late = exc
 
-    async def _flush(self, now: float) -> None:
+    async def _flush(self, now: float, clocked: bool = False) -> None:
         """One record of what was gathered, handed to the producer, or held back while the safety check
         has not passed its chunk."""
         async with self._order:
-            if not self.state.gathered:
-                return  # the clock took it while this waited
+            if not self.state.gathered or (clocked and not self._on_clock):
+                return  # the other flush took it while this waited, or the loop ended meanwhile
             step = self.state.record(now, self.crew.fence.epoch(self.gid))
             if self.guard is not None and self.guard.holds:
                 self.guard.hold(step)  # shown once its chunk has passed the check

@@ -143,3 +143,20 @@ async def test_a_failed_flush_on_the_clock_ends_the_reply_in_its_loop() -> None:
     with pytest.raises(KafkaTimeoutError):
         await _run(WINDOW, producer)
     assert [text for _, text in _tokens(producer)] == ["a"]
+
+
+async def test_a_reply_let_go_mid_step_gets_no_record_from_the_clock() -> None:
+    # A rebalance cancels the reply's task during the long step, with "b" gathered: nothing more is written
+    # for it (the next owner resumes from what landed).
+    engine, producer = _Engine(SCRIPT), _Producer()
+    crew = _Crew(engine, FlushPolicy(window_s=0.2, max_tokens=16), producer)
+    req = GenerationRequested(generation_id="g", conversation_id="c", user_id="u", plan="paid", pool="large",
+                              lane="paid", prompt_token_ids=[1, 2, 3], max_tokens=20)
+    clock = asyncio.create_task(crew.clock.run())
+    run = asyncio.create_task(ReplyRun(crew, req, Generate([1, 2, 3], 20, 0, False, 0), Saved(),
+                                       time.time()).stream())
+    await asyncio.sleep(0.1)  # "a" written, "b" gathered, its window not passed
+    run.cancel()
+    await asyncio.sleep(0.3)  # past "b"'s window: the clock would have flushed it
+    clock.cancel()
+    assert [text for _, text in _tokens(producer)] == ["a"] and not crew.clock.runs
