@@ -11,11 +11,18 @@ seconds less idle, over the tokens its clients received, and the records its tai
 ``parley_gateway_tail_records`` counter) per token delivered. Ratios are against ``own``
 at 1 gateway in the same run: flat is the target.
 
+``--per-gateway``: ``--records`` and ``--generations`` are each gateway's, not the fleet's, and ``--rate`` paces
+the appends at that many records a second per gateway: as the fleet grows, each gateway serves the same streams
+at the same pace, which is the question "does a gateway's tail cost grow with the fleet" asks. Without it the
+fleet's records are fixed and appended as fast as the broker takes them, so with more gateways each one gets a
+smaller share, in smaller fetches.
+
 ``lb<N>``: ``own<N>`` with the clients going through HAProxy (the config `parley up --gateways N` writes), which
 then sends a stream to whichever gateway has the fewest connections; HAProxy's own CPU per delivered token is the
 hop's cost.
 
     python -m tests.benchmarks.bench_gateway_tail [--records 24000] [--generations 24] [--layouts own1,own2,...]
+        [--per-gateway --rate 2000]
 """
 from __future__ import annotations
 
@@ -46,6 +53,7 @@ from topics.clients import make_producer, send
 
 PARTITIONS = 6  # chat.tokens' partitions (topics/catalogue.py)
 CHUNK = 1_000
+PACE_S = 0.01  # --rate: a chunk of appends every 10 ms
 
 
 @dataclass
@@ -98,11 +106,13 @@ async def layout(settings: Settings, mode: str, count: int, ns: argparse.Namespa
             gateways.append(Gateway(i, svc.start_gateway(f"gateway-{i}")))
         if mode == "lb":  # the streams reach the gateways through HAProxy, as with `parley up --gateways N`
             haproxy, lb_port = start_haproxy(settings, [gw.proc.port for gw in gateways])
-        for n in range(ns.generations):  # as each gateway would mint the ids of the replies it accepts
+        generations, records = ((ns.generations * count, ns.records * count) if ns.per_gateway
+                                else (ns.generations, ns.records))
+        for n in range(generations):  # as each gateway would mint the ids of the replies it accepts
             gw = gateways[n % count]
             gw.gens.append(ownership.mint(ownership.owned(gw.index, count, PARTITIONS), PARTITIONS))
         gens = [g for gw in gateways for g in gw.gens]
-        owner = dict(zip(gens, users, strict=True))
+        owner = dict(zip(gens, users[:len(gens)], strict=True))
         topic = Topics(settings.topic_prefix).tokens
         producer = make_producer(settings.kafka_bootstrap, linger_ms=5)
         await producer.start()
@@ -132,15 +142,19 @@ async def layout(settings: Settings, mode: str, count: int, ns: argparse.Namespa
             before = {gw.index: cpu_seconds(gw.pid) for gw in gateways}
             lb_before = cpu_seconds(haproxy.pid) if haproxy else 0.0
             read_before = {gw.index: gw.tail_records() for gw in gateways}
-            for chunk in range(0, ns.records, CHUNK):  # acknowledged a chunk at a time: a loaded broker keeps up
+            # Acknowledged a chunk at a time (a loaded broker keeps up); paced, a chunk every PACE_S.
+            chunk_size = max(1, int(ns.rate * count * PACE_S)) if ns.rate else CHUNK
+            for n_chunk, chunk in enumerate(range(0, records, chunk_size)):
+                if ns.rate:
+                    await asyncio.sleep(max(0.0, start + n_chunk * PACE_S - time.time()))
                 futures = []
-                for i in range(chunk, min(chunk + CHUNK, ns.records)):
+                for i in range(chunk, min(chunk + chunk_size, records)):
                     gid = gens[i % len(gens)]
                     futures.append(await producer.send(topic, encode(TokensAppended(
                         generation_id=gid, conversation_id=f"bench-{gid}", seq=i // len(gens), text=" word",
                         token_ids=[1234])), key=gid.encode()))
                 await asyncio.gather(*futures)
-            seqs = ns.records // len(gens)
+            seqs = records // len(gens)
             await asyncio.gather(*[send(producer, topic, GenerationFinished(
                 generation_id=gid, conversation_id=f"bench-{gid}", user_id=owner[gid].user_id, plan="paid",
                 message_id=gid, status="complete", text="", usage=Usage(completion_tokens=seqs), model="bench",
@@ -200,9 +214,11 @@ def start_haproxy(settings: Settings, ports: list[int]) -> tuple[subprocess.Pope
 
 async def main(ns: argparse.Namespace) -> None:
     common.header("bench_gateway_tail: CPU per delivered token per gateway, own partitions vs all",
-                  records=ns.records, generations=ns.generations, layouts=",".join(ns.layouts), idle_s=ns.idle_s)
+                  records=ns.records, generations=ns.generations, layouts=",".join(ns.layouts), idle_s=ns.idle_s,
+                  per_gateway=ns.per_gateway, rate=ns.rate)
     settings = await common.bench_settings("gtail")
-    users = await common.make_users(settings, "paid", ns.generations)
+    most = max(int(n[len(n.rstrip("0123456789")):]) for n in ns.layouts) if ns.per_gateway else 1
+    users = await common.make_users(settings, "paid", ns.generations * most)
     redis = aioredis.Redis.from_url(settings.redis_url)
     results = []
     try:
@@ -225,7 +241,8 @@ async def main(ns: argparse.Namespace) -> None:
         print(f"     {r['layout']:>3} x{r['gateways']}: {r['cpu_us_per_token'] / base['cpu_us_per_token']:.2f}  "
               f"{r['records_read_per_token'] / base['records_read_per_token']:.2f}")
     common.write_result(f"gateway-tail-{time.strftime('%Y%m%d-%H%M%S')}", {
-        "records": ns.records, "generations": ns.generations, "idle_s": ns.idle_s, "layouts": results})
+        "records": ns.records, "generations": ns.generations, "idle_s": ns.idle_s, "per_gateway": ns.per_gateway,
+        "rate": ns.rate, "layouts": results})
 
 
 def parse() -> argparse.Namespace:
@@ -236,6 +253,10 @@ def parse() -> argparse.Namespace:
                         help="own<N> (partition-affine), all<N> (every gateway tails every partition), lb<N> "
                         "(own<N> with the streams through HAProxy)")
     parser.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU baseline per layout")
+    parser.add_argument("--per-gateway", action="store_true",
+                        help="--records and --generations per gateway: the fleet's grow with the gateways")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="records a second per gateway (0: as fast as the broker takes them)")
     return parser.parse_args()
 
 
