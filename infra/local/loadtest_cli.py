@@ -157,6 +157,11 @@ def _conclude(name: str, rows: list[dict[str, Any]], steps: list[scenarios.Step]
         verdict["policies"] = {r["step"]: {k: r.get(k) for k in ("prefix_hit_rate", "ttft_ms_p50", "ttft_ms_p99",
                                                                    "queue_max_over_mean", "completed", "sent")}
                                for r in rows}
+    if name == "marginal" and len(rows) == 2:
+        verdict["split"] = scenarios.split_cost(rows[0], rows[1])
+        for proc, cost in verdict["split"].items():
+            if isinstance(cost, dict):
+                print(f"  {proc:>15}: {cost['ms_per_token']:.4f} ms a token, {cost['ms_per_request']:.1f} ms a request")
     if verdict:
         print(json.dumps(verdict))
     loadrun.RESULTS.mkdir(parents=True, exist_ok=True)

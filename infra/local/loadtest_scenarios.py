@@ -109,6 +109,33 @@ def tokens(knobs: Knobs) -> list[Step]:
             for label, flush, on_time in sides]
 
 
+MARGINAL_REPLIES = (320, 1280)  # tokens a reply runs to, about, on each side
+
+
+def marginal(knobs: Knobs) -> list[Step]:
+    """The same requests (one-turn conversations at 2 req/s) with replies of ~320 and ~1,280 tokens, shipped
+    flush window: the CPU the longer replies add, over the tokens they add, is what a token costs; the rest is
+    what a request costs."""
+    load = _shape(Load((Phase(60, 2.0),), max_turns=1, drain_s=120), knobs)
+    return [Step(f"replies ~{n} tokens", ServiceSpec({"large": replace(REPLICA, sim={"reply_tokens": n}),
+                                                      "small": SMALL}), load)
+            for n in MARGINAL_REPLIES]
+
+
+def split_cost(short: dict[str, Any], long: dict[str, Any]) -> dict[str, Any]:
+    """CPU per token and per request, from two steps that differ only in their replies' length: per process,
+    for the service and for the service less Kafka, Cassandra and Redis (ms)."""
+    tokens = long["tokens_delivered"] - short["tokens_delivered"]
+    out: dict[str, Any] = {"tokens_added": tokens}
+    for name in short["cpu_s"]:
+        if name not in long["cpu_s"] or tokens <= 0 or not short["completed"]:
+            continue
+        per_token = (long["cpu_s"][name] - short["cpu_s"][name]) / tokens
+        per_request = (short["cpu_s"][name] - per_token * short["tokens_delivered"]) / short["completed"]
+        out[name] = {"ms_per_token": round(per_token * 1e3, 4), "ms_per_request": round(per_request * 1e3, 1)}
+    return out
+
+
 # Routing: four replicas whose prefill is 7x the seeds' replica's (1 s per 1,000 tokens), so this machine's few
 # requests a second load their prefill as ~20 would load the seeds' replicas; short replies, long multi-turn
 # conversations (up to 8 turns of ~300-token messages: prompts up to ~3,000 tokens).
@@ -137,7 +164,7 @@ def latency(knobs: Knobs) -> list[Step]:
 
 SCENARIOS: dict[str, Callable[[Knobs], list[Step]]] = {
     "replica": replica, "stages": stages, "gateway": gateway, "spike": spike, "prefill": prefill,
-    "tokens": tokens, "routing": routing, "latency": latency}
+    "tokens": tokens, "routing": routing, "latency": latency, "marginal": marginal}
 
 
 PIPELINE_GROUPS = ("admission", "prompt", "scheduler", "settlement", "persistence")

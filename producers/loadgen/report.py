@@ -164,4 +164,7 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
             "statements_per_request": report["cassandra"]["per_request"],
             "longest_wait_s": report["queue"]["real_wait_s"].get("max"),
             "longest_shown_wait_s": report["queue"]["shown_wait_s"].get("max"),
-            "cores": {n: r["cores"] for n, r in procs.items()}}
+            "cores": {n: r["cores"] for n, r in procs.items()},
+            "tokens_delivered": report["tokens"]["delivered"],
+            "cpu_s": {"service": cost["less_idle_s"], "less backbone": report["cpu"]["without_backbone"]["less_idle_s"],
+                      **{n: r["less_idle_s"] for n, r in procs.items()}}}

@@ -161,3 +161,14 @@ def test_inter_token_gaps_are_also_given_per_plan() -> None:
         r.plan = "free"
     by_plan = report.build(m, {})["client"]["itl_ms_by_plan"]
     assert set(by_plan) == {"paid", "free"} and by_plan["paid"]["n"] == 2 and by_plan["free"]["n"] == 6
+
+
+def test_two_reply_lengths_split_the_cost_into_a_token_and_a_request() -> None:
+    # 100 requests; each costs 20 ms and each token 0.05 ms: 32,000 and 128,000 tokens cost 3.6 s and 8.4 s
+    short = {"completed": 100, "tokens_delivered": 32_000, "cpu_s": {"service": 3.6, "gateway-0": 1.0}}
+    long = {"completed": 100, "tokens_delivered": 128_000, "cpu_s": {"service": 8.4, "gateway-0": 1.0}}
+    split = scenarios.split_cost(short, long)
+    assert split["tokens_added"] == 96_000
+    assert split["service"] == {"ms_per_token": 0.05, "ms_per_request": 20.0}
+    assert split["gateway-0"] == {"ms_per_token": 0.0, "ms_per_request": 10.0}  # it did no more for longer replies
+    assert scenarios.SCENARIOS["marginal"](scenarios.Knobs())[0].load.phases[0].rate == 2.0
