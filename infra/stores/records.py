@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from infra.stores.sealing import Sealer
 from infra.stores.session import AsyncSession
@@ -32,6 +33,11 @@ def _ts(epoch: float | None) -> datetime | None:
 
 
 DAYS_KNOWN = 10_000  # (user, day) totals remembered by the process that counts them
+# The first day every counter wrote the totals with the ledger's rows: a partition of this day or later has them
+# from its first row on, so a day this process has not counted is tried as new (no read), and the batch's answer
+# says otherwise. Older days may hold ledger rows without totals, which only a read finds.
+TOTALS_SINCE = "2026-12-03"
+Totals = tuple[tuple[int, int, int, int], int | None]  # ((in, out, cached, replies), the replies expected)
 
 
 class Records:
@@ -39,7 +45,7 @@ class Records:
         self.db, self.sealer = db, sealer  # with a sealer, summaries are stored sealed
         # The totals this process last wrote per (user, day): the next count's compare-and-set starts from them
         # instead of reading them back. The batch's condition still decides; a stale entry costs one retry.
-        self._days: OrderedDict[tuple[str, str], tuple[tuple[int, int, int, int], int | None]] = OrderedDict()
+        self._days: OrderedDict[tuple[str, str], Totals] = OrderedDict()
 
     async def save_generation(self, *, generation_id: str, conversation_id: str, user_id: str, message_id: str,
                               user_message_id: str, turn: int, status: str, model_pool: str, model: str = "",
@@ -78,28 +84,39 @@ class Records:
         batch is a compare-and-set on a shared aggregate (a redelivery, or the reconciler counting beside the
         agent), not a guard on a new id. The totals are the day's figures (``usage_day`` reads them): nothing
         else is written per reply.
+        A batch not applied answers with the partition's totals as they are and whether this generation's row
+        is there, so neither a redelivery nor a race costs a read; nor does a user's first reply of a day.
         Returns (the day, whether this generation was new)."""
         this, key = (tokens_in, tokens_out, tokens_cached), (user_id, day)
+        known = self._days.pop(key, None)
+        if known is None and day >= TOTALS_SINCE:
+            known = ((0, 0, 0, 0), None)  # as new: a day with totals refuses the batch and gives them
         while True:
-            known = self._days.pop(key, None)
             base, expected = known if known is not None else await self._day_totals(user_id, day)
             total = UsageDay(user_id, day, base[0] + tokens_in, base[1] + tokens_out, base[2] + tokens_cached,
                              base[3] + 1)
-            if await self._count_once(generation_id, total, this, expected):
+            rows = await self._count_once(generation_id, total, this, expected)
+            if rows is None:
                 self._remember(key, total)
                 return total, True
-            # Not applied: counted already (a redelivery), or the totals moved under it (read them again).
-            if await self.usage_counted(user_id, day, generation_id):
-                break
-        base, _ = await self._day_totals(user_id, day)
-        return UsageDay(user_id, day, *base), False
+            # Not applied: counted already (a redelivery), or the totals were not as expected (moved under it,
+            # or the day was not new). The answer holds the totals as they are; without them, they are read.
+            known = _answered_totals(rows)
+            if any(getattr(r, "generation_id", None) == generation_id for r in rows):
+                if known is None:
+                    known = await self._day_totals(user_id, day)
+                self._keep(key, known)
+                return UsageDay(user_id, day, *known[0]), False
 
     def _remember(self, key: tuple[str, str], total: UsageDay) -> None:
-        self._days[key] = ((total.tokens_in, total.tokens_out, total.tokens_cached, total.replies), total.replies)
+        self._keep(key, ((total.tokens_in, total.tokens_out, total.tokens_cached, total.replies), total.replies))
+
+    def _keep(self, key: tuple[str, str], totals: Totals) -> None:
+        self._days[key] = totals
         if len(self._days) > DAYS_KNOWN:
             self._days.popitem(last=False)
 
-    async def _day_totals(self, user_id: str, day: str) -> tuple[tuple[int, int, int, int], int | None]:
+    async def _day_totals(self, user_id: str, day: str) -> Totals:
         """((in, out, cached, replies), the replies the batch expects to find). A partition counted before the
         totals existed has ledger rows and null totals: it is summed this once."""
         rows = await self.db.execute(
@@ -117,9 +134,10 @@ class Records:
         return (tokens_in, tokens_out, cached, replies), None
 
     async def _count_once(self, generation_id: str, total: UsageDay, this: tuple[int, int, int],
-                          expected: int | None) -> bool:
+                          expected: int | None) -> list[Any] | None:
         """The conditional batch: the ledger row if absent, and the totals if their replies are still
-        ``expected`` (None: no totals yet)."""
+        ``expected`` (None: no totals yet). None when applied; else the batch's answer (the partition's totals
+        as they are, and this generation's row where it exists)."""
         rows = await self.db.atomically([
             ("INSERT INTO usage_by_generation (user_id, day, generation_id, tokens_in, tokens_out, tokens_cached, "
              "counted_at) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
@@ -128,7 +146,7 @@ class Records:
              "day_replies = ? WHERE user_id = ? AND day = ? IF day_replies = ?",
              (total.tokens_in, total.tokens_out, total.tokens_cached, total.replies, total.user_id, total.day,
               expected))])
-        return bool(rows and rows[0].applied)
+        return None if rows and rows[0].applied else list(rows)
 
     async def usage_day(self, user_id: str, day: str) -> UsageDay | None:
         """The day's figures: the ledger's totals, or for a day counted before they existed its
@@ -166,3 +184,14 @@ class Records:
             if text:
                 out.append(Summary(s.conversation_id, s.upto_turn, text, s.tokens))
         return out
+
+
+def _answered_totals(rows: list[Any]) -> Totals | None:
+    """The day's totals in a refused batch's answer, as the next try's base and expectation; None when the
+    partition has none (a day counted before they existed, or purged): they are read then."""
+    found = next((r for r in rows if getattr(r, "day_replies", None) is not None), None)
+    if found is None:
+        return None
+    return ((int(found.day_tokens_in or 0), int(found.day_tokens_out or 0), int(found.day_tokens_cached or 0),
+             int(found.day_replies)), int(found.day_replies))
+

@@ -175,6 +175,48 @@ async def test_usage_is_counted_once_per_generation_from_the_ledger(db) -> None:
     assert await records.usage_day(user, day) == second
 
 
+class _Counting:
+    """The session, counting what is read and what is compare-and-set."""
+
+    def __init__(self, db) -> None:  # type: ignore[no-untyped-def]
+        self.db, self.reads, self.batches = db, 0, 0
+
+    async def execute(self, cql: str, params=()):  # type: ignore[no-untyped-def]
+        self.reads += cql.lstrip().upper().startswith("SELECT")
+        return await self.db.execute(cql, params)
+
+    async def atomically(self, statements):  # type: ignore[no-untyped-def]
+        self.batches += 1
+        return await self.db.atomically(statements)
+
+
+async def test_a_new_day_is_counted_with_no_read_and_a_refused_batch_gives_the_totals(db) -> None:  # type: ignore[no-untyped-def]
+    """A day from TOTALS_SINCE on is tried as new: its first count is one batch and no read. A process that has
+    not counted a day with totals (restarted) is refused once and goes on from the totals the refusal gives; a
+    redelivery there is answered from it too. No read either way, and the totals stay exact."""
+    user, day = new_id(), "2026-12-06"
+    first = _Counting(db)
+    assert await Records(first).count_usage(user, day, "gen-a", 50, 10, 0) == (UsageDay(user, day, 50, 10, 0, 1),
+                                                                               True)
+    assert (first.reads, first.batches) == (0, 1)
+    restarted = _Counting(db)
+    records = Records(restarted)
+    assert await records.count_usage(user, day, "gen-b", 7, 3, 2) == (UsageDay(user, day, 57, 13, 2, 2), True)
+    assert (restarted.reads, restarted.batches) == (0, 2)  # refused as new, then applied on the answer's totals
+    again = _Counting(db)
+    assert await Records(again).count_usage(user, day, "gen-a", 50, 10, 0) == (UsageDay(user, day, 57, 13, 2, 2),
+                                                                               False)
+    assert (again.reads, again.batches) == (0, 1)  # a redelivery: refused, and the answer says it was counted
+    assert await records.count_usage(user, day, "gen-c", 1, 1, 0) == (UsageDay(user, day, 58, 14, 2, 3), True)
+    assert (restarted.reads, restarted.batches) == (0, 3)  # its own totals remembered: one batch
+    assert await records.usage_day(user, day) == UsageDay(user, day, 58, 14, 2, 3)
+    # Racing on a new day, each process trying it as new: every generation counted once, the totals exact.
+    racer, gens = new_id(), [f"gen-{i}" for i in range(6)]
+    results = await asyncio.gather(*(Records(db).count_usage(racer, day, g, 1, 2, 0) for g in gens + gens[:3]))
+    assert sum(new for _, new in results) == 6
+    assert await records.usage_day(racer, day) == UsageDay(racer, day, 6, 12, 0, 6)
+
+
 def test_migrations_apply_once(stack_settings: Settings) -> None:
     assert apply(stack_settings) == []  # the fixture already applied them; a rerun changes nothing
 
