@@ -6,8 +6,8 @@ first output after its window (up to a step past it), and a step that also prefi
 for 1,000 tokens at the seeds' rate) holds the tokens made before it until it ends: a paid client's gap was
 the window plus the longest step. Here a tick every tenth of the window (10 ms at most) flushes the replies
 whose window will have passed by the next tick, so a gap is at most the window, or the step when the step
-is longer. A reply whose output
-check holds its text back (a sentence at a time) is not followed: its records wait for the check anyway.
+is longer. A reply whose output check holds its text back (a sentence at a time) is not followed: its records
+wait for the check anyway.
 
 Cost: one timer a tick for the worker, and a look at each followed reply; no task or timer per reply.
 """
