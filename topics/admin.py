@@ -28,7 +28,8 @@ async def ensure_topics_async(bootstrap: str, prefix: str, pools: Iterable[str],
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        wanted = dict(Topics(prefix, pools).all())
+        topics = Topics(prefix, pools)
+        wanted = dict(topics.all() + topics.internals())
         configs = {n: {**t.config, "min.insync.replicas": str(min_insync)} for n, t in wanted.items()}
         existing = await _partition_counts(admin, list(wanted))
         missing = [n for n in wanted if n not in existing]

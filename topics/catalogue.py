@@ -10,7 +10,7 @@ to the objects here); a unit test checks those declarations, the columns below a
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from schemas import (
     CancelRequested,
@@ -166,3 +166,12 @@ class Topics:
     def all(self) -> list[tuple[str, Topic]]:
         """(name, topic) for every topic of this deployment (``generate.*`` for the pools it was given)."""
         return [(self.prefix + name, topic) for name, topic in catalogue(self.pools)]
+
+    def internals(self) -> list[tuple[str, Topic]]:
+        """(name, topic) for the stages' own topics. Made with the others, before any stage starts: a faust app
+        that declares one makes it as it starts, and its consumer, subscribed a moment earlier, skipped it
+        ("Ignoring missing topic") until its next metadata refresh, so the first records sent there waited."""
+        by_plan = self.internal(USAGE_ROLLUP, "by-plan")  # the usage rollup's copy of ``usage``, keyed by plan
+        return [(by_plan, replace(USAGE, attr="", name=by_plan.removeprefix(self.prefix), key="plan",
+                                              retention_ms=7 * DAY_MS, producers=(USAGE_ROLLUP,),
+                                              readers=(USAGE_ROLLUP,)))]

@@ -18,8 +18,10 @@ TOPICS_FILE = CHART / "files" / "topics.json"
 
 
 def deployed_topics() -> list[tuple[str, Topic]]:
-    """Every topic of a deployment with the pools of infra/config/pools.toml, unprefixed (one per cluster)."""
-    return Topics("", load_pools(Settings())).all()
+    """Every topic of a deployment with the pools of infra/config/pools.toml, the stages' own included,
+    unprefixed (one per cluster)."""
+    topics = Topics("", load_pools(Settings()))
+    return topics.all() + topics.internals()
 
 
 def topics_document() -> str:

@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     actions = {} if args.list else ensure_topics(settings)
     table = Table("topic", "key", "events", "partitions", "retention", "producers", "readers", "action")
-    for name, t in deployment_topics(settings).all():
+    topics = deployment_topics(settings)
+    for name, t in topics.all() + topics.internals():
         table.add_row(name, t.key, ", ".join(e.__name__ for e in t.events), str(t.partitions),
                       f"{t.retention_ms // 60000} min", ", ".join(t.producers), ", ".join(t.readers),
                       actions.get(name, "-"))

@@ -49,7 +49,7 @@ def test_topics_file_is_generated_from_the_catalogue() -> None:
 def test_rendered_topics_equal_the_catalogue() -> None:
     topics = {t["spec"]["topicName"]: t["spec"] for t in _kind(_render(), "KafkaTopic")}
     catalogue = deployed_topics()
-    assert set(topics) == {name for name, _ in catalogue} and len(catalogue) == 14
+    assert set(topics) == {name for name, _ in catalogue} and len(catalogue) == 15  # with the by-plan copy
     for name, t in catalogue:
         spec = topics[name]
         assert (spec["partitions"], spec["replicas"]) == (t.partitions, 3)
