@@ -19,6 +19,7 @@ class FlushPolicy:
     window_s: float = 0.1  # at the seeds' 36 ms step: 3 tokens a record
     max_tokens: int = 16
     on_time: bool = True  # flushed by the worker's clock too (flush_clock.py), not only when an output arrives
+    together: bool = True  # the clock flushes replies in groups, each a window apart (else each on its own window)
 
     @property
     def per_step(self) -> bool:
@@ -26,10 +27,19 @@ class FlushPolicy:
 
     @property
     def tick_s(self) -> float:
-        """How often the worker's clock looks for replies past their window; 0: no clock."""
-        return 0.0 if self.per_step or not self.on_time else min(self.window_s / 10, 0.01)
+        """How often the worker's clock flushes: a group of replies a tick, each group a window apart, when they
+        leave together; else a tenth of the window (10 ms at most) to catch each reply's own; 0: no clock."""
+        if self.per_step or not self.on_time:
+            return 0.0
+        return self.window_s / self.groups if self.together else min(self.window_s / 10, 0.01)
+
+    @property
+    def groups(self) -> int:
+        """Replies flushed together fall into this many groups, one flushed a tick (a quarter of the window)."""
+        return TOGETHER_GROUPS if self.together else 1
 
 
+TOGETHER_GROUPS = 4  # one burst a window made every reader's work arrive at once (see flush_clock.py)
 PER_STEP = FlushPolicy(window_s=0.0, max_tokens=1, on_time=False)  # a record for every engine output
 
 
@@ -55,15 +65,21 @@ class Coalescer:
             self._logprobs = (self._logprobs or []) + list(out.logprobs)
 
     @property
+    def last_flush(self) -> float | None:
+        return self._last_flush
+
+    @property
     def empty(self) -> bool:
         return not self._ids and not any(self._text)
 
-    def due(self, now: float, urgent: bool = False) -> bool:
-        """Whether what is gathered should become a record now."""
+    def due(self, now: float, urgent: bool = False, window: bool = True) -> bool:
+        """Whether what is gathered should become a record now; ``window=False``: not for its window's sake (the
+        clock flushes it with the others)."""
         if self.empty:
             return False
         return (urgent or self._last_flush is None or self.policy.per_step
-                or len(self._ids) >= self.policy.max_tokens or now - self._last_flush >= self.policy.window_s)
+                or len(self._ids) >= self.policy.max_tokens
+                or (window and now - self._last_flush >= self.policy.window_s))
 
     def take(self, now: float) -> Batch:
         batch = Batch("".join(self._text), self._ids, self._logprobs)

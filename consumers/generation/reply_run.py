@@ -171,7 +171,8 @@ class ReplyRun:
                 lane_tokens.inc(took.tokens)
             # What the safety check reads is in records before it decides (held back or already shown, as
             # the plan says); a finish or a cancel goes out at once.
-            if state.due(now, urgent=out.finished or check or req.generation_id in crew.cancels):
+            if state.due(now, urgent=out.finished or check or req.generation_id in crew.cancels,
+                         window=self._by_window()):
                 await self._flush(now)
             if took.gap_s is not None:
                 crew.metrics.itl.observe(took.gap_s)
@@ -206,6 +207,17 @@ class ReplyRun:
         await crew.finisher.finish(finished_event(req, crew.limits, crew.worker_id, status, state.reply,
                                                   state.usage(), state.last_seq, reason, self.picked_at,
                                                   state.first_token_at, block))
+
+    def _by_window(self) -> bool:
+        """Whether the loop flushes this reply once its window has passed. Not while the clock flushes every
+        reply together and took this one at its last tick: the next tick will. A reply that had nothing at the
+        last tick (a step longer than the window) is flushed at its next output, so a long step costs its gap
+        the step, not the step and a window."""
+        clock = self.crew.clock
+        if not (self._on_clock and clock.together):
+            return True
+        last = self.state.batch.last_flush
+        return last is None or clock.last_tick_of(self) > last
 
     async def flush_on_time(self, now: float, ahead_s: float) -> None:
         """The worker's clock: a record of what was gathered once the window has passed (or will have, by

@@ -35,6 +35,7 @@ ENV_FIELDS = {
     "FLUSH_MS": "flush_ms",
     "FLUSH_TOKENS": "flush_tokens",
     "FLUSH_ON_TIME": "flush_on_time",
+    "FLUSH_TOGETHER": "flush_together",
     "ROUTING": "routing",
     "TOOL_PARSER": "tool_parser",
 }
@@ -97,6 +98,10 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # true: the worker's clock flushes a reply once its window has passed, even mid-step (a long prefill step
     # does not hold the tokens made before it); false: only when the reply's next output arrives.
     flush_on_time: bool = True
+    # true: the clock flushes the worker's replies in four groups, one a quarter window, each a window apart (a
+    # Kafka request a tick, not one per reply's window); false: each reply once its own window has passed (a
+    # tick every 10 ms).
+    flush_together: bool = True
     engine: Literal["vllm", "sim"] = "vllm"  # sim: the simulated engine, for load tests and capacity planning
     sim: SimConfig = SimConfig()  # read only when engine = "sim"
     # "hermes": the model writes <tool_call> JSON blocks when it decides to call a function (tool_choice auto);

@@ -99,14 +99,15 @@ def prefill(knobs: Knobs) -> list[Step]:
 
 
 def tokens(knobs: Knobs) -> list[Step]:
-    """The replica's load with a record per engine step (the baseline), with the shipped flush window flushed
-    only as outputs arrive, and as shipped (the worker's clock flushing on time too)."""
+    """The replica's load with a record per engine step (the baseline), with the shipped flush window kept by
+    each reply on its own, and as shipped (the worker's clock flushing every reply together)."""
     load = _shape(Load((Phase(60, 4.0),), drain_s=90), knobs)
     sides: tuple[tuple[str, float | None, bool | None], ...] = (
-        ("a record per step", 0.0, None), ("flush 100 ms at outputs", None, False), ("flush 100 ms", None, None))
-    return [Step(label, ServiceSpec({"large": replace(REPLICA, flush_ms=flush, flush_on_time=on_time),
+        ("a record per step", 0.0, None), ("flush 100 ms, each reply on its own", None, False),
+        ("flush 100 ms", None, None))
+    return [Step(label, ServiceSpec({"large": replace(REPLICA, flush_ms=flush, flush_together=together),
                                      "small": SMALL}), load)
-            for label, flush, on_time in sides]
+            for label, flush, together in sides]
 
 
 MARGINAL_REPLIES = (320, 1280)  # tokens a reply runs to, about, on each side

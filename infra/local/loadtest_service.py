@@ -41,6 +41,7 @@ class SimPool:
     sim: dict[str, Any] = field(default_factory=dict)
     flush_ms: float | None = None  # the pool's token flush window (None: the shipped default)
     flush_on_time: bool | None = None  # flushed by the worker's clock too (None: the shipped default)
+    flush_together: bool | None = None  # the clock flushes every reply at once (None: the shipped default)
     routing: str | None = None  # how the scheduler picks among its workers (None: the shipped default)
 
 
@@ -72,6 +73,8 @@ def pools_toml(spec: ServiceSpec) -> str:
                   f'description = "loadtest sim {name}"',
                   *([f"flush_ms = {pool.flush_ms!r}"] if pool.flush_ms is not None else []),
                   *([f"flush_on_time = {_toml_value(pool.flush_on_time)}"] if pool.flush_on_time is not None
+                    else []),
+                  *([f"flush_together = {_toml_value(pool.flush_together)}"] if pool.flush_together is not None
                     else []),
                   *([f'routing = "{pool.routing}"'] if pool.routing is not None else []), ""]
         if pool.sim:

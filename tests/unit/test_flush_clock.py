@@ -1,9 +1,12 @@
 """The worker's flush clock with one reply run on a scripted engine: tokens made before a long engine step leave
 as a record while the step runs (on time), not with the step's own output (at outputs only); the first record
-stays the loop's, behind GenerationStarted; and a failed flush on the clock surfaces in the reply's loop."""
+stays the loop's, behind GenerationStarted; a failed flush on the clock surfaces in the reply's loop; replies
+flushed together leave in groups, each a window apart, and one that missed its group's tick leaves at its next
+output."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -155,8 +158,82 @@ async def test_a_reply_let_go_mid_step_gets_no_record_from_the_clock() -> None:
     clock = asyncio.create_task(crew.clock.run())
     run = asyncio.create_task(ReplyRun(crew, req, Generate([1, 2, 3], 20, 0, False, 0), Saved(),
                                        time.time()).stream())
-    await asyncio.sleep(0.1)  # "a" written, "b" gathered, its window not passed
+    await asyncio.sleep(0.03)  # "a" written, "b" gathered, its group's first tick (at 50 ms) not come
     run.cancel()
     await asyncio.sleep(0.3)  # past "b"'s window: the clock would have flushed it
     clock.cancel()
     assert [text for _, text in _tokens(producer)] == ["a"] and not crew.clock.runs
+
+
+class _Engines(_Engine):
+    """A script per generation, all on one engine."""
+
+    def __init__(self, scripts: dict[str, list[tuple[float, str, bool]]]) -> None:
+        super().__init__([])
+        self.scripts = scripts
+
+    async def generate(self, gid: str, prompt: list[int], max_tokens: int, priority: int,
+                       sampling: Any) -> AsyncIterator[StepOutput]:
+        for i, (delay, text, finished) in enumerate(self.scripts[gid]):
+            await asyncio.sleep(delay)
+            yield StepOutput(request_id=gid, token_ids=(i + 1,), text=text, finished=finished,
+                             finish_reason="stop" if finished else None)
+
+
+async def _two_replies(flush: FlushPolicy) -> dict[str, list[float]]:
+    """Two replies a token every 10 ms, the second starting 25 ms after the first: when each one's records
+    after its first (and before its last) were handed over."""
+    steady = [(0.01, "x", False)] * 30 + [(0.01, "y", True)]
+    engine, producer = _Engines({"g1": steady, "g2": [(0.025, "x", False)] + steady}), _Producer()
+    crew = _Crew(engine, flush, producer)
+
+    async def reply(gid: str) -> None:
+        req = GenerationRequested(generation_id=gid, conversation_id="c", user_id="u", plan="paid", pool="large",
+                                  lane="paid", prompt_token_ids=[1, 2, 3], max_tokens=40)
+        await ReplyRun(crew, req, Generate([1, 2, 3], 40, 0, False, 0), Saved(), time.time()).stream()
+
+    clock = asyncio.create_task(crew.clock.run())
+    try:
+        await asyncio.gather(reply("g1"), reply("g2"))
+    finally:
+        clock.cancel()
+    sent: dict[str, list[float]] = {"g1": [], "g2": []}
+    for at, e in producer.sent:
+        if isinstance(e, TokensAppended):
+            sent[e.generation_id].append(at)
+    return {gid: times[1:-1] for gid, times in sent.items()}
+
+
+async def test_together_each_group_leaves_on_its_own_tick_a_window_apart() -> None:
+    sent = await _two_replies(FlushPolicy(window_s=0.08, max_tokens=16))
+    assert len(sent["g1"]) >= 2 and len(sent["g2"]) >= 2
+    for gid in sent:  # each reply's records a window apart (80 ms), not a tick (20 ms) or a tenth (8 ms)
+        gaps = [b - a for a, b in itertools.pairwise(sent[gid])]
+        assert all(0.05 < g < 0.16 for g in gaps), (gid, gaps)
+    for at in sent["g2"]:  # the second reply is in the next group: never in the first's burst
+        assert min(abs(at - other) for other in sent["g1"]) > 0.01, sent
+
+
+async def test_each_on_its_own_window_the_replies_records_are_staggered() -> None:
+    sent = await _two_replies(FlushPolicy(window_s=0.08, max_tokens=16, together=False))
+    assert len(sent["g1"]) >= 2 and len(sent["g2"]) >= 2
+    apart = [min(abs(at - other) for other in sent["g1"]) for at in sent["g2"]]
+    assert max(apart) > 0.01, sent  # the second reply keeps its own window, 25 ms after the first's
+
+
+async def test_together_a_reply_that_had_nothing_at_a_tick_leaves_at_its_next_output() -> None:
+    # Ticks ~80 ms apart: "b" leaves at the first; a 180 ms step leaves nothing for the second, so "c" goes out
+    # as it arrives (a gap of the step), not at the third tick, nor with the finish
+    script = [(0.0, "a", False), (0.01, "b", False), (0.18, "c", False), (0.02, "d", True)]
+    engine, producer = _Engine(script), _Producer()
+    crew = _Crew(engine, FlushPolicy(window_s=0.08, max_tokens=16), producer)
+    req = GenerationRequested(generation_id="g", conversation_id="c", user_id="u", plan="paid", pool="large",
+                              lane="paid", prompt_token_ids=[1, 2, 3], max_tokens=20)
+    clock = asyncio.create_task(crew.clock.run())
+    try:
+        await ReplyRun(crew, req, Generate([1, 2, 3], 20, 0, False, 0), Saved(), time.time()).stream()
+    finally:
+        clock.cancel()
+    records = _tokens(producer)
+    assert [text for _, text in records] == ["a", "b", "c", "d"]
+    assert records[2][0] - engine.arrived[2] < 0.01
