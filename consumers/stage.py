@@ -2,7 +2,10 @@
 
 A handler is ``async (event) -> list[Out]``; the loop produces its outputs and
 commits the record's offset only after they are acknowledged, so a crash
-re-handles a record (handlers are idempotent) but never loses one. Partitions
+re-handles a record (handlers are idempotent) but never loses one. Offsets are
+committed at most every ``COMMIT_EVERY_S`` (and as the stage stops), not once per
+batch: at a few requests a second a batch was one message, and each of the six
+stages' commits a request for the broker to write and replicate. Partitions
 are handled concurrently, records within one partition in order. With a ``Sealer``
 the handler sees opened events and its outputs are sealed on the way out; a record
 of a conversation whose data key is gone (deleted) is skipped.
@@ -37,6 +40,10 @@ from topics.runner import Runner
 
 log = logging.getLogger(__name__)
 
+# How long a handled record's offset may wait to be committed: a crash or a rebalance re-handles at most this
+# much more (handlers are idempotent), and a stage commits at most twice a second whatever its rate.
+COMMIT_EVERY_S = 0.5
+
 
 @dataclass(frozen=True)
 class Out:
@@ -62,6 +69,8 @@ class Stage(Runner):
         self.name, self.settings, self.types, self.handler = role.stage, settings, types, handler
         self.per_key, self.sealer, self.on_moved = per_key, sealer, on_moved
         self._assigned: set[TopicPartition] = set()
+        self._to_commit: dict[TopicPartition, int] = {}  # handled, outputs acknowledged, not yet committed
+        self._committed_at = 0.0
         self.topics = Topics(settings.topic_prefix)
         self.group = self.topics.group(role.stage)
         self._source, self._consumer_options = getattr(self.topics, role.reads[0].attr), consumer_options
@@ -86,6 +95,22 @@ class Stage(Runner):
             self.on_moved()
         if batch:
             await asyncio.gather(*(self._partition(tp, records) for tp, records in batch.items()))
+        await self._commit()
+
+    async def _loop(self) -> None:
+        await super()._loop()
+        await self._commit(now=True)  # stopping: what was handled is not handled again by the next owner
+
+    async def _commit(self, now: bool = False) -> None:
+        """Commit what was handled, once ``COMMIT_EVERY_S`` has passed since the last commit (or ``now``). A
+        partition taken away meanwhile is left to its new owner, which re-handles from its last commit."""
+        if not self._to_commit or (not now and time.monotonic() - self._committed_at < COMMIT_EVERY_S):
+            return
+        assigned = self.consumer.assignment()
+        offsets = {tp: o for tp, o in self._to_commit.items() if tp in assigned}
+        self._to_commit, self._committed_at = {}, time.monotonic()
+        if offsets:
+            await self.consumer.commit(offsets)
 
     async def _partition(self, tp: TopicPartition, records: list[Any]) -> None:
         if self.per_key and len(records) > 1:
@@ -96,9 +121,8 @@ class Stage(Runner):
         else:
             acks = await self._handle(records)
         await asyncio.gather(*acks)
-        # One commit per partition batch, after every output is acknowledged: a crash re-handles at most
-        # this batch (handlers are idempotent), and a single message pays one commit, not one per hop.
-        await self.consumer.commit({tp: records[-1].offset + 1})
+        # Committed once every output is acknowledged, with the other partitions' (``_commit``).
+        self._to_commit[tp] = records[-1].offset + 1
 
     async def _handle(self, records: list[Any]) -> list[asyncio.Future[Any]]:
         """Handle ``records`` in order; the acks of their outputs, still in flight."""

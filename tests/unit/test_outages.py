@@ -74,6 +74,7 @@ async def test_a_stage_holds_its_record_through_an_outage_and_commits_after() ->
     assert stage.consumer.commits == [] and outage.calls == 3  # type: ignore[attr-defined]
     producer.unacked[0].set_result(None)
     await task
+    await stage._commit(now=True)  # noqa: SLF001
     assert producer.sent == [("out", b"a1")] and stage.consumer.commits == [{TopicPartition("t", 0): 8}]  # type: ignore[attr-defined]
 
 

@@ -41,6 +41,9 @@ class FakeConsumer:
     def __init__(self, producer: FakeProducer) -> None:
         self.producer, self.commits = producer, []  # type: ignore[var-annotated]
 
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition("t", 0)}
+
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         assert all(a.done() for a in self.producer.unacked), "committed before every output was acknowledged"
         self.commits.append(offsets)
@@ -74,6 +77,8 @@ async def run_partition(per_key: bool) -> tuple[list[str], FakeConsumer]:
     acker = asyncio.create_task(ack_later())
     await stage._partition(TopicPartition("t", 0), records)  # noqa: SLF001
     await acker
+    assert not stage.consumer.commits  # type: ignore[attr-defined]  # with the next commit, not per batch
+    await stage._commit(now=True)  # noqa: SLF001
     return log, stage.consumer  # type: ignore[return-value]
 
 
@@ -126,3 +131,31 @@ async def test_a_change_of_assigned_partitions_is_told_before_their_records_are_
         await stage.step()
     assert told == [{p0}, {p0, p1}, {p1}]  # once per change, none while it stays
     assert handled == ["moved", "a1", "a2", "moved", "b1", "moved"]  # told before the new partition's records
+
+
+async def test_offsets_are_committed_at_most_every_half_second_and_as_the_stage_stops() -> None:
+    async def handler(event: Any) -> list[Out]:
+        return []
+
+    stage = Stage(Role(ADMISSION, reads=(CONTROL,), writes=()), Settings(), (CancelRequested,), handler)
+    producer, tp = FakeProducer(), TopicPartition("t", 0)
+
+    class Feeding(FakeConsumer):
+        def __init__(self) -> None:
+            super().__init__(producer)
+            self.batches = [{tp: [Record(b"a", cancel("a1"), 5)]}, {tp: [Record(b"b", cancel("b1"), 6)]},
+                            {tp: [Record(b"c", cancel("c1"), 7)]}]
+
+        async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Record]]:
+            if not self.batches:
+                stage.stop()
+                return {}
+            return self.batches.pop(0)
+
+    consumer = Feeding()
+    stage.producer, stage.consumer = producer, consumer  # type: ignore[assignment]
+    await stage.step()
+    await stage.step()
+    assert consumer.commits == [{tp: 6}]  # the first at once; the second waits for the half second
+    await stage._loop()  # noqa: SLF001 - the third batch, then stopped: what was handled is committed
+    assert consumer.commits == [{tp: 6}, {tp: 8}]
