@@ -10,9 +10,9 @@ the window plus the longest step. The clock flushes while the engine is still on
   flushes one group whole, in the order its replies joined. A reply's records are a window apart, and the
   worker hands Kafka one burst a tick for a quarter of its replies: one produce request, and one fetch for
   each reader, where a reply each on its own window made about a hundred a second. (One group of all, flushed
-  once a window, made the worker, Kafka, the gateway and its clients work in one burst on a small machine, and
-  the client's gaps longer.) A reply that had nothing gathered at its group's tick (a step longer than the
-  window) is flushed by its next output.
+  once a window, made the client's gaps longer on a 2-core machine: most likely the worker, Kafka, the gateway
+  and its clients all had their work arrive in one burst.) A reply that had nothing gathered at its group's
+  tick (a step longer than the window) is flushed by its next output.
 - Each on its own: a tick every tenth of the window (10 ms at most) flushes the replies whose window will have
   passed by the next tick.
 
