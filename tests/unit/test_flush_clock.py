@@ -102,8 +102,9 @@ SCRIPT = [(0.0, "a", False), (0.01, "b", False), (0.3, "c", True)]
 WINDOW = FlushPolicy(window_s=0.05, max_tokens=16)
 
 
-async def _run(flush: FlushPolicy, producer: _Producer | None = None) -> tuple[_Crew, _Engine, _Producer]:
-    engine, producer = _Engine(SCRIPT), producer or _Producer()
+async def _run(flush: FlushPolicy, producer: _Producer | None = None,
+               script: list[tuple[float, str, bool]] = SCRIPT) -> tuple[_Crew, _Engine, _Producer]:
+    engine, producer = _Engine(script), producer or _Producer()
     crew = _Crew(engine, flush, producer)
     req = GenerationRequested(generation_id="g", conversation_id="c", user_id="u", plan="paid", pool="large",
                               lane="paid", prompt_token_ids=[1, 2, 3], max_tokens=20)
@@ -225,15 +226,7 @@ async def test_together_a_reply_that_had_nothing_at_a_tick_leaves_at_its_next_ou
     # Ticks ~80 ms apart: "b" leaves at the first; a 180 ms step leaves nothing for the second, so "c" goes out
     # as it arrives (a gap of the step), not at the third tick, nor with the finish
     script = [(0.0, "a", False), (0.01, "b", False), (0.18, "c", False), (0.02, "d", True)]
-    engine, producer = _Engine(script), _Producer()
-    crew = _Crew(engine, FlushPolicy(window_s=0.08, max_tokens=16), producer)
-    req = GenerationRequested(generation_id="g", conversation_id="c", user_id="u", plan="paid", pool="large",
-                              lane="paid", prompt_token_ids=[1, 2, 3], max_tokens=20)
-    clock = asyncio.create_task(crew.clock.run())
-    try:
-        await ReplyRun(crew, req, Generate([1, 2, 3], 20, 0, False, 0), Saved(), time.time()).stream()
-    finally:
-        clock.cancel()
+    _, engine, producer = await _run(FlushPolicy(window_s=0.08, max_tokens=16), script=script)
     records = _tokens(producer)
     assert [text for _, text in records] == ["a", "b", "c", "d"]
     assert records[2][0] - engine.arrived[2] < 0.01
