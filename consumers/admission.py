@@ -115,7 +115,8 @@ def decide(event: MessageSubmitted, outcome: Reservation | Refusal, rules: Admis
         content=event.content, pool=pool, parent_id=event.parent_id, regenerate=event.regenerate,
         edit_of=event.edit_of, reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
         temperature=event.temperature, history=event.history, sampling=event.sampling, deadline=event.deadline,
-        fresh_conversation=event.fresh_conversation, made_listed=event.made_listed)
+        fresh_conversation=event.fresh_conversation, made_listed=event.made_listed,
+        made_unlisted=event.made_unlisted)
     return [Out(topics.admitted, admitted, event.conversation_id)]
 
 

@@ -95,7 +95,8 @@ class Persistence:
         finished_at = datetime.fromtimestamp(e.at, UTC)
         if e.made_listed and changed is None:
             return await self._made_listed(e, finished_at)
-        conv = await self._conversation(e.conversation_id, changed)
+        made = self._made_unlisted(e, changed)
+        conv = made or await self._conversation(e.conversation_id, changed)
         if conv is None:
             return []  # deleted: nothing is written for it any more
         # An OpenAI-endpoint call is not in the sidebar, so it is neither searched nor titled there: indexing its
@@ -107,24 +108,26 @@ class Persistence:
         # the reply's placeholder (its created_at) and that message. An API reply needs neither. Without the
         # read, the reply is dated as its placeholder was: by its id's time.
         user = (e.parent_id, e.question) if page and e.parent_id and e.question else None
-        made = _made_at(e, finished_at)
+        made_at = _made_at(e, finished_at)
         if page and user is None:
             turn = await self.conversations.messages_of_turn(
                 e.conversation_id, e.turn, {e.message_id} | ({e.parent_id} if e.parent_id else set()))
             existing, asked = turn.get(e.message_id), turn.get(e.parent_id) if e.parent_id else None
-            made = existing.created_at if existing is not None and existing.created_at else finished_at
+            made_at = existing.created_at if existing is not None and existing.created_at else finished_at
             user = (asked.message_id, asked.content) if asked is not None else None
         # Every write below is keyed and independent of the others (a redelivery rewrites the same values), so
         # they go out together: the stage waits one round trip for them, not three in a row. Persistence takes
         # one reply at a time, so its rate is bounded by this wait, not by its CPU.
-        writes: list[Awaitable[Any]] = [self.conversations.save_message(_reply_row(e, made, finished_at))]
+        writes: list[Awaitable[Any]] = [self.conversations.save_message(_reply_row(e, made_at, finished_at))]
         # No ``generations`` row: the reply's own row names its generation, model and pool, and the gateway
         # finds a generation's owner in Redis (``generation_owner``, kept 7 days). Only a no-retention reply,
         # which has no row of its own, keeps its ids and counts there.
         if e.text.strip():  # no reply text: the conversation does not move up, nor enter the list
-            # Made unlisted by the OpenAI endpoints for this call: listed where it was made, its own row as it is
-            # (one statement; moving it up would add the row's update for seconds of difference).
-            writes.append(self.conversations.list_where_made(conv) if conv.source == "api" and e.turn == 0
+            # Made unlisted (by the OpenAI endpoints for this call, or by the page for its first message): listed
+            # where it was made, its own row as it is (one statement; moving it up would add the row's update for
+            # seconds of difference).
+            writes.append(self._list_where_made(conv, changed) if made is not None or (conv.source == "api"
+                                                                                        and e.turn == 0)
                           else self._touch(conv, changed, finished_at))
         if page:
             writes.append(self._index(e, user))
@@ -147,6 +150,20 @@ class Persistence:
         log.info("generation %s saved as %s: %d in / %d out tokens", e.generation_id, e.status,
                  e.usage.prompt_tokens, e.usage.completion_tokens)
         return []
+
+    def _made_unlisted(self, e: GenerationFinished, changed: bytes | None) -> Conversation | None:
+        """The row of a page conversation its gateway made (untitled, no model named, unlisted) for this, its
+        first message there, known without a read: made at its id's time. Only while nobody changed it (no
+        change mark), this process knows no later row, and the reply is the conversation's first turn (a message
+        through another gateway came first otherwise)."""
+        if not e.made_unlisted or changed is not None or e.turn != 0 or e.conversation_id in self._known:
+            return None
+        made = id_time(e.conversation_id)
+        return Conversation(e.conversation_id, e.user_id, None, None, made, "page") if made is not None else None
+
+    async def _list_where_made(self, conv: Conversation, changed: bytes | None) -> None:
+        await self.conversations.list_where_made(conv)
+        self._remember(conv, changed)
 
     async def _index(self, e: GenerationFinished, user: tuple[str, str] | None) -> None:
         """The exchange becomes searchable once its reply is saved (the user message, (id, text), with it: off the
@@ -184,7 +201,8 @@ class Persistence:
         conv = await self._conversation(e.conversation_id, changed)
         if conv is None or conv.title is not None:
             return  # deleted, or already titled (by the user's rename, or an earlier title)
-        await _all([self._touch(conv, changed, conv.updated_at, title=title),
+        # Its row alone (the list reads titles there, and the list row stays where it is), and its search rows.
+        await _all([self._retitle(conv, changed, title),
                     *([self.search.index(conv.user_id, conv.conversation_id, TITLE, -1, title)]
                       if self.search is not None else [])])
         log.info("conversation %s titled (%d chars)", e.conversation_id, len(title))
@@ -207,6 +225,10 @@ class Persistence:
                      title: str | None = None) -> None:
         self._known.pop(conv.conversation_id, None)  # unknown until the writes are done
         self._remember(await self.conversations.touch(conv, at, title=title), changed)
+
+    async def _retitle(self, conv: Conversation, changed: bytes | None, title: str) -> None:
+        self._known.pop(conv.conversation_id, None)  # unknown until the write is done
+        self._remember(await self.conversations.retitle(conv, title), changed)
 
     def _remember(self, conv: Conversation, changed: bytes | None) -> None:
         self._known[conv.conversation_id] = (changed, time.monotonic() + KNOWN_FOR_S, conv)

@@ -33,6 +33,7 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     # of it (turn 0, the history is carried) and writes no placeholder (nobody can reopen it mid-reply).
     fresh_conversation: bool = False
     made_listed: bool = False  # see MessageSubmitted
+    made_unlisted: bool = False  # see MessageSubmitted
 
 
 RefusalReason = Literal[

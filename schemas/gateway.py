@@ -53,6 +53,10 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     # The gateway made the conversation for this request alone and listed it (an OpenAI call its plan keeps):
     # persistence reads none of it and lists nothing (a reply with no text takes it off the list).
     made_listed: bool = False
+    # The first message the gateway that made this page conversation (untitled, no model named, so not listed)
+    # sends to it: persistence knows the row without reading it (made at its id's time) and lists it where it
+    # was made, unless someone changed it since (its change mark) or a message came before (a later turn).
+    made_unlisted: bool = False
 
 
 class CancelRequested(Event, frozen=True, kw_only=True):

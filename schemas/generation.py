@@ -88,3 +88,4 @@ class GenerationFinished(Event, frozen=True, kw_only=True):
     # with it without reading it back. Empty on ``chat.tokens`` and where no request carried it (then read).
     question: str = ""
     made_listed: bool = False  # see MessageSubmitted: persistence reads none of the conversation
+    made_unlisted: bool = False  # see MessageSubmitted: persistence reads none of it, lists it where made

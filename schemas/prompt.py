@@ -37,6 +37,7 @@ class PromptBuilt(Event, frozen=True, kw_only=True):
     deadline: float = 0.0  # epoch s: past it the client was told it failed; stages drop it (0: none)
     question: str = ""  # the user's message: the last-resort tier's prepared replies; persistence indexes it
     made_listed: bool = False  # see MessageSubmitted: carried to the finish on chat.replies
+    made_unlisted: bool = False  # see MessageSubmitted: carried to the finish on chat.replies
     sampling: Sampling | str | None = None
     # A pool missing here (and not ``pool``) cannot take this request. str: sealed (an alternate's ids spell the
     # prompt, refitted for another pool's window).

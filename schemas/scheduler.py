@@ -58,3 +58,4 @@ class GenerationRequested(Event, frozen=True, kw_only=True):
     sampling: Sampling | str | None = None  # kept on redelivery: a recovering worker samples the same way
     question: str = ""  # the user message it answers, carried to the finish on chat.replies (sealed)
     made_listed: bool = False  # see MessageSubmitted: carried to the finish on chat.replies
+    made_unlisted: bool = False  # see MessageSubmitted: carried to the finish on chat.replies

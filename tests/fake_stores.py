@@ -136,6 +136,7 @@ class FakeConversations:
         self.messages: dict[tuple[str, int, str], Message] = {}
         self.touched: list[tuple[str, datetime, str | None]] = []
         self.listed_as_made: list[str] = []
+        self.retitled: list[tuple[str, str]] = []
         self.reads = 0  # of a conversation's row
         self.taken_off: list[str] = []
 
@@ -155,6 +156,12 @@ class FakeConversations:
                                   title=title if title is not None else conv.title)
         self.conversations[conv.conversation_id] = new
         return new
+
+    async def retitle(self, conv: Conversation, title: str) -> Conversation:
+        self.retitled.append((conv.conversation_id, title))
+        new = dataclasses.replace(self.conversations.get(conv.conversation_id, conv), title=title)
+        self.conversations[conv.conversation_id] = new
+        return dataclasses.replace(conv, title=title)
 
     async def save_message(self, message: Message) -> None:
         self.messages[(message.conversation_id, message.turn, message.message_id)] = message

@@ -86,4 +86,4 @@ def finished_event(req: GenerationRequested, limits: Limits, worker_id: str, sta
         text=text, usage=usage, model=limits.model, pool=limits.pool, worker_id=worker_id, last_seq=last_seq,
         reason=reason, purpose=req.purpose, reserved_tokens=req.reserved_tokens, route_reason=req.route_reason,
         started_at=started_at, first_token_at=first_token_at, block=block, question=req.question,
-        made_listed=req.made_listed)
+        made_listed=req.made_listed, made_unlisted=req.made_unlisted)

@@ -390,7 +390,7 @@ def prompt_built(req: RequestAdmitted, placed: Placed) -> PromptBuilt:
         # API call's: not indexed. Otherwise the whole message: persistence indexes it without reading it back.
         question="" if _tool_call(req) else placed.user_message.content,
         sampling=req.sampling, alternates=placed.built.alternates,
-        deadline=req.deadline, made_listed=req.made_listed)
+        deadline=req.deadline, made_listed=req.made_listed, made_unlisted=req.made_unlisted)
 
 
 def _tool_call(req: RequestAdmitted) -> str | None:

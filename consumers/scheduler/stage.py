@@ -154,7 +154,7 @@ class Scheduler:
                 message_id=p.assistant_message_id, turn=p.turn,
                 parent_id=p.user_message_id, reserved_tokens=p.reserved_tokens,
                 route_reason=route_reason, enqueued_at=time.time(), sampling=p.sampling, question=p.question,
-                made_listed=p.made_listed,
+                made_listed=p.made_listed, made_unlisted=p.made_unlisted,
                 **_temperature(p)),
                 p.conversation_id, partition),
         ]

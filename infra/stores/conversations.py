@@ -74,6 +74,10 @@ class ClientMessageClaim:
 
 
 MESSAGE_COLUMNS = [f.name for f in fields(Message)]
+# A list row: its key (owner, when it last moved, conversation) with what the list filters and shows besides the
+# title, which ``list_for_user`` reads from the conversation's own row (one place to write a title).
+_LIST = ("INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, model, source) "
+         "VALUES (?, ?, ?, ?, ?)")
 _INSERT_MESSAGE = (f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) "
                    f"VALUES ({', '.join('?' for _ in MESSAGE_COLUMNS)})")
 
@@ -132,9 +136,7 @@ class Conversations:
             "source) VALUES (?, ?, ?, ?, ?, ?, false, ?)", (conversation_id, user_id, sealed, model, now, now,
                                                             source))]
         if listed:
-            rows.append(self.db.execute(
-                "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
-                "VALUES (?, ?, ?, ?, ?, ?)", (user_id, now, conversation_id, sealed, model, source)))
+            rows.append(self.db.execute(_LIST, (user_id, now, conversation_id, model, source)))
         await asyncio.gather(*rows)
         return conv
 
@@ -178,25 +180,27 @@ class Conversations:
         state = _state(cursor)
         while True:
             page = await self.db.page(
-                "SELECT user_id, updated_at, conversation_id, title, model, source FROM conversations_by_user "
+                "SELECT user_id, updated_at, conversation_id, model, source FROM conversations_by_user "
                 "WHERE user_id = ?", (user_id,), fetch_size=limit, paging_state=state)
             rows = [r for r in page.rows if r.conversation_id not in seen and source in (None, r.source or "page")]
             live = await asyncio.gather(*(self._live(r.conversation_id, user_id) for r in rows))
-            for r, ok in zip(rows, live, strict=True):
+            for r, (ok, title) in zip(rows, live, strict=True):
                 if ok and r.conversation_id not in seen:
                     seen.add(r.conversation_id)
-                    items.append(Conversation(r.conversation_id, r.user_id, r.title, r.model, r.updated_at,
+                    items.append(Conversation(r.conversation_id, r.user_id, title, r.model, r.updated_at,
                                               r.source or "page"))
             state = page.paging_state
             if items or not state:
                 titles = await asyncio.gather(*(self._open(c.conversation_id, c.title) for c in items))
                 return [dataclasses.replace(c, title=t) for c, t in zip(items, titles, strict=True)], _cursor(state)
 
-    async def _live(self, conversation_id: str, user_id: str) -> bool:
-        """Not deleted (nor purged) and still this user's."""
-        rows = await self.db.execute("SELECT user_id, deleted FROM conversations WHERE conversation_id = ?",
+    async def _live(self, conversation_id: str, user_id: str) -> tuple[bool, str | None]:
+        """(Not deleted (nor purged) and still this user's, its title sealed): the title is read here, with the
+        row every list read reads anyway, so a list row does not carry it and a title costs one write."""
+        rows = await self.db.execute("SELECT user_id, deleted, title FROM conversations WHERE conversation_id = ?",
                                      (conversation_id,))
-        return bool(rows) and not rows[0].deleted and rows[0].user_id == user_id
+        ok = bool(rows) and not rows[0].deleted and rows[0].user_id == user_id
+        return ok, rows[0].title if ok else None
 
     async def touch(self, conv: Conversation, at: datetime, title: str | None = None,
                     model: str | None = None) -> Conversation:
@@ -205,21 +209,20 @@ class Conversations:
         at = max(_utc(at), before)
         new = Conversation(conv.conversation_id, conv.user_id, title or conv.title, model or conv.model, at,
                            conv.source)
-        sealed = await self._seal(conv.conversation_id, new.title)
         # The conversation's row and its list row: written together, one round trip instead of two. The new list
         # row and the old one's removal share the owner's partition: one unlogged batch, a single mutation, so a
         # list read never sees both rows or neither.
         # The title is written only when given: a reply saved while its owner renamed the conversation read the
         # row before the rename, and writing that title back undid the rename.
-        listing: list[tuple[str, tuple[Any, ...]]] = [(
-            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
-            "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, at, conv.conversation_id, sealed, new.model, conv.source))]
+        listing: list[tuple[str, tuple[Any, ...]]] = [
+            (_LIST, (conv.user_id, at, conv.conversation_id, new.model, conv.source))]
         if _ms(at) != _ms(before):
             listing.append(("DELETE FROM conversations_by_user WHERE user_id = ? AND updated_at = ? "
                             "AND conversation_id = ?", (conv.user_id, before, conv.conversation_id)))
         writes = [
             self.db.execute("UPDATE conversations SET updated_at = ?, title = ?, model = ? WHERE conversation_id = ?",
-                            (at, sealed, new.model, conv.conversation_id)) if title is not None else
+                            (at, await self._seal(conv.conversation_id, title), new.model, conv.conversation_id))
+            if title is not None else
             self.db.execute("UPDATE conversations SET updated_at = ?, model = ? WHERE conversation_id = ?",
                             (at, new.model, conv.conversation_id)),
             self.db.execute(*listing[0]) if len(listing) == 1 else self.db.together(listing)]
@@ -234,22 +237,22 @@ class Conversations:
         """List a conversation made unlisted (an OpenAI call's, once its reply has text) at the time it was made,
         which its own row still holds: one statement, and no update of that row (moving it to the top would cost
         the row's update; it was made seconds ago). A later ``touch`` takes this list row away as usual."""
-        await self.db.execute(
-            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
-            "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, _utc(conv.updated_at), conv.conversation_id,
-                                          await self._seal(conv.conversation_id, conv.title), conv.model,
-                                          conv.source))
+        await self.db.execute(_LIST, (conv.user_id, _utc(conv.updated_at), conv.conversation_id, conv.model,
+                                      conv.source))
+
+    async def retitle(self, conv: Conversation, title: str) -> Conversation:
+        """A new title, in place, for a listed conversation: its row alone (the list reads titles there), so
+        the list keeps its order and a title costs one statement."""
+        await self.db.execute("UPDATE conversations SET title = ? WHERE conversation_id = ?",
+                              (await self._seal(conv.conversation_id, title), conv.conversation_id))
+        return dataclasses.replace(conv, title=title)
 
     async def rename(self, conv: Conversation, title: str) -> None:
         """A new title, in place: the list keeps its order. A conversation not listed yet is listed now, as one
-        named when it was made is (the whole row is written, so it keeps its model and source)."""
-        sealed = await self._seal(conv.conversation_id, title)
-        await self.db.execute("UPDATE conversations SET title = ? WHERE conversation_id = ?",
-                              (sealed, conv.conversation_id))
-        await self.db.execute(
-            "INSERT INTO conversations_by_user (user_id, updated_at, conversation_id, title, model, source) "
-            "VALUES (?, ?, ?, ?, ?, ?)", (conv.user_id, conv.updated_at, conv.conversation_id, sealed, conv.model,
-                                          conv.source))
+        named when it was made is (its list row is written again, so it keeps its model and source)."""
+        await self.retitle(conv, title)
+        await self.db.execute(_LIST, (conv.user_id, conv.updated_at, conv.conversation_id, conv.model,
+                                      conv.source))
 
     async def ids_of_user(self, user_id: str) -> list[str]:
         """Every conversation id of a user, listed or not (deleted ones until their purge)."""

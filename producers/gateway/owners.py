@@ -21,6 +21,7 @@ class Owners:
     def __init__(self, conversations: Conversations, keys: DataKeys, keep_s: float = KEEP_S) -> None:
         self.conversations, self.keys, self.keep_s = conversations, keys, keep_s
         self._owners: dict[str, tuple[float, str]] = {}
+        self._unlisted: dict[str, float] = {}  # made here untitled, no model named, no message sent here yet
         keys.listeners.append(self._forget)
 
     async def owner(self, conversation_id: str) -> str | None:
@@ -45,8 +46,22 @@ class Owners:
                 self._owners.pop(next(iter(self._owners)))
             self._owners[conversation_id] = (time.monotonic() + self.keep_s, user_id)
 
+    def made_unlisted(self, conversation_id: str) -> None:
+        """A page conversation made here with no title and no model: not listed, its row as its id says."""
+        if len(self._unlisted) >= MOST:
+            self._unlisted.pop(next(iter(self._unlisted)))
+        self._unlisted[conversation_id] = time.monotonic() + self.keep_s
+
+    def first_message(self, conversation_id: str) -> bool:
+        """Whether this is the first message sent here to a conversation made here unlisted (asked once: the
+        answer is then forgotten). The events tell persistence, which lists it without reading its row."""
+        until = self._unlisted.pop(conversation_id, None)
+        return until is not None and until > time.monotonic()
+
     def _forget(self, conversation_id: str | None) -> None:
         if conversation_id is None:
             self._owners.clear()
+            self._unlisted.clear()
         else:
             self._owners.pop(conversation_id, None)
+            self._unlisted.pop(conversation_id, None)

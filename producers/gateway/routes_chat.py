@@ -249,7 +249,9 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
             plan=user.plan, message_id=message_id, client_message_id=cmid, content=content, pool=pool,
             parent_id=parent_id, regenerate=regenerate, edit_of=edit_of, gateway_id=gw.gateway_id,
             max_tokens=max_tokens, temperature=sampled.temperature if sampled else None,
-            sampling=sampled.sampling if sampled else None))
+            sampling=sampled.sampling if sampled else None,
+            made_unlisted=not regenerate and edit_of is None and parent_id is None
+            and gw.conversation_owners.first_message(conversation_id)))
     except Exception:  # refused, or never acknowledged: a later retry with this id must start afresh
         if claim_key:
             with contextlib.suppress(RedisError):

@@ -24,9 +24,11 @@ from producers.loadgen.statements import StatementCounter, difference
 pytestmark = pytest.mark.integration
 
 # Budgets (docs/performance.md, "Cassandra statements per request"): the targets are 8 and 6.
-PER_CHAT_MESSAGE = 13  # the first of a conversation: its title is asked for, saved and indexed too (12; no key
-#   read: the stages and workers heard the key made; its row read once, by persistence; the user's new day
-#   counted with no read of its totals)
+PER_CHAT_MESSAGE = 10  # the first of a conversation: its title is asked for, saved and indexed too (9; no key
+#   read: the stages and workers heard the key made; its row not read: persistence is told it was made here,
+#   unlisted, and lists it where it was made; its title written to its row alone, the list reads it there; the
+#   user's new day counted with no read of its totals)
+PER_PAGE_FIRST_MESSAGE = 9  # 8: the same, as the page sends it (no client_message_id: nothing to claim)
 PER_FOLLOW_UP = 9  # 8: the data key and the owner are read once per process while deletions can be heard; the
 #   user message rides to persistence in the events (not read back to be indexed); persistence keeps the row it
 #   wrote (not read again while nobody else changed it)
@@ -116,10 +118,14 @@ async def test_one_chat_message_and_one_openai_request(service: PrivateService) 
         assert r.status_code == 201, r.text
         conversation_id = r.json()["conversation_id"]
 
+        r = await http.post("/v1/conversations", json={})
+        assert r.status_code == 201, r.text
+        page_conversation_id = r.json()["conversation_id"]
+
         async def chat_message(content: str = "What colour is the sky on a clear day?\nAnswer in one line.",
-                               client_message_id: str | None = "counts-1") -> None:
+                               client_message_id: str | None = "counts-1", to: str = conversation_id) -> None:
             body = {"content": content, **({"client_message_id": client_message_id} if client_message_id else {})}
-            async with http.stream("POST", f"/v1/conversations/{conversation_id}/messages", json=body) as response:
+            async with http.stream("POST", f"/v1/conversations/{to}/messages", json=body) as response:
                 assert response.status_code == 200
                 text = "".join([line async for line in response.aiter_lines()])
             assert "message_end" in text, text[-500:]
@@ -137,19 +143,29 @@ async def test_one_chat_message_and_one_openai_request(service: PrivateService) 
         async def page_follow_up() -> None:  # as the page sends it: no client_message_id, nothing to claim
             await chat_message("And at night?", None)
 
+        async def page_first_message() -> None:  # a new conversation's first message, as the page sends it
+            await chat_message("Why is the sea blue?\nAnswer in one line.", None, page_conversation_id)
+
         chat, chat_records = await _cost(counter, service.settings, chat_message)
         more, more_records = await _cost(counter, service.settings, follow_up)
         page, page_records = await _cost(counter, service.settings, page_follow_up)
+        first, first_records = await _cost(counter, service.settings, page_first_message)
+        listed = (await http.get("/v1/conversations")).json()["items"]
         api, api_records = await _cost(counter, service.settings, openai_request)
     assert 0 < sum(chat.values()) <= PER_CHAT_MESSAGE, chat
     assert 0 < sum(more.values()) <= PER_FOLLOW_UP, more
     assert 0 < sum(page.values()) <= PER_PAGE_FOLLOW_UP, page
+    assert 0 < sum(first.values()) <= PER_PAGE_FIRST_MESSAGE, first
+    # Both listed (the page's where it was made), each with the title its first exchange got (read from its row).
+    assert {c["conversation_id"] for c in listed} == {page_conversation_id, conversation_id}, listed
+    assert all(c["title"] for c in listed[:2]), listed
     assert not [k for k in page if k.endswith(" messages_by_client_id")], page  # no claim on a new id
     assert 0 < sum(api.values()) <= PER_OPENAI_REQUEST, api
     for records, budget, generated in (
             (chat_records, RECORDS_PER_CHAT_MESSAGE, SIM["reply_tokens"] + TITLE_TOKENS),
             (more_records, RECORDS_PER_FOLLOW_UP, SIM["reply_tokens"]),
             (page_records, RECORDS_PER_FOLLOW_UP, SIM["reply_tokens"]),
+            (first_records, RECORDS_PER_CHAT_MESSAGE, SIM["reply_tokens"] + TITLE_TOKENS),
             (api_records, RECORDS_PER_OPENAI_REQUEST, SIM["reply_tokens"])):
         tokens = _token_records(records)
         assert 0 < tokens <= generated * TOKEN_RECORDS_PER_TOKEN, records

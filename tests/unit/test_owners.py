@@ -58,3 +58,17 @@ async def test_a_conversation_made_here_is_owned_without_a_read_unless_a_destruc
     owners.made("c2", "bob", heard)
     assert await owners.owner("c2") == "bob" and convs.reads == 1
     await keys.stop()
+
+
+async def test_a_conversation_made_unlisted_here_has_one_first_message_here(tmp_path: Path) -> None:
+    keys = DataKeys(KeyTable(), LocalTenantKeys.under(tmp_path), cache_s=0.0)  # type: ignore[arg-type]
+    owners = Owners(FakeConversations(), keys, keep_s=60.0)  # type: ignore[arg-type]
+    owners.made_unlisted("c1")
+    assert not owners.first_message("c2")  # made elsewhere (or titled, or with a model)
+    assert owners.first_message("c1") and not owners.first_message("c1")  # asked once: the next is not first
+    owners.made_unlisted("c3")
+    owners._forget("c3")  # noqa: SLF001 - its key destroyed (deleted): nothing is told about it
+    assert not owners.first_message("c3")
+    stale = Owners(FakeConversations(), keys, keep_s=0.0)  # type: ignore[arg-type]
+    stale.made_unlisted("c4")
+    assert not stale.first_message("c4")  # kept no longer than an owner is

@@ -260,3 +260,31 @@ async def test_an_openai_calls_reply_in_the_conversation_made_listed_for_it_read
     await p.redis.set(keys.conversation_changed("c"), "deleted")
     assert await p.handle(msgspec.structs.replace(made, generation_id="g3", message_id="g3")) == []
     assert convs.reads == 1 and ("c", 0, "g3") not in convs.messages
+
+
+async def test_a_page_conversations_first_reply_from_its_gateway_reads_no_row_and_is_listed_where_made() -> None:
+    import msgspec
+
+    from infra.stores import keys
+
+    p, convs, _ = persistence()
+    cid = new_id()  # made at its id's time, as ``Conversations.create`` makes one
+    first = msgspec.structs.replace(finished(), conversation_id=cid, made_unlisted=True, question="Capital?")
+    [(_, request, _)] = await p.handle(first)
+    assert convs.reads == 0 and convs.touched == [] and convs.listed_as_made == [cid]
+    assert request.purpose == "title" and convs.messages[(cid, 0, "g1")].content == "Paris."
+    # Its title: the row alone (the list reads titles there), still without a read.
+    await p.handle(msgspec.structs.replace(finished(purpose="title", text="Capital", gid="g1:title"),
+                                           conversation_id=cid))
+    assert convs.reads == 0 and convs.retitled == [(cid, "Capital")] and convs.touched == []
+    # The next reply moves it up from where it was listed: the list row's key is the conversation's made time.
+    await p.handle(msgspec.structs.replace(finished(gid="g2"), conversation_id=cid, turn=1))
+    assert convs.reads == 0 and [t[0] for t in convs.touched] == [cid]
+    # Not trusted: renamed before its reply (a change mark), or not the conversation's first turn (a message sent
+    # through another gateway came first): the row is read, and the reply moves it up as usual.
+    for changed, turn in ((True, 0), (False, 1)):
+        q, qconvs, _ = persistence()
+        if changed:
+            await q.redis.set(keys.conversation_changed("c"), "renamed")
+        await q.handle(msgspec.structs.replace(finished(), made_unlisted=True, turn=turn, question="Capital?"))
+        assert qconvs.reads == 1 and qconvs.listed_as_made == [] and [t[0] for t in qconvs.touched] == ["c"]

@@ -67,9 +67,13 @@ class Owners:
 
     keys: Keys = field(default_factory=Keys)
     made_here: list[tuple[str, str, int]] = field(default_factory=list)
+    unlisted: list[str] = field(default_factory=list)
 
     def made(self, conversation_id: str, user_id: str, heard: int) -> None:
         self.made_here.append((conversation_id, user_id, heard))
+
+    def made_unlisted(self, conversation_id: str) -> None:
+        self.unlisted.append(conversation_id)
 
 
 @dataclass
@@ -78,6 +82,7 @@ class Gateway:
                                                                conversation("e", "bob"), conversation("p", "pat")))
     preferences: Saved = field(default_factory=Saved)
     conversation_owners: Owners = field(default_factory=Owners)
+    models: dict[str, str] = field(default_factory=lambda: {"large": "Smol", "small": "Smol"})
     redis: FakeRedis = field(default_factory=FakeRedis)
 
     async def user_for_token(self, token: str) -> User | None:
@@ -173,6 +178,16 @@ async def test_a_new_conversations_title_is_folded_to_one_line(client: Any) -> N
     assert gw.conversations.conversations[r.json()["conversation_id"]].title == "Trip plans"
     # The gateway remembers it made it for ann, as of the destructions heard before it was made.
     assert gw.conversation_owners.made_here == [(r.json()["conversation_id"], "ann", 0)]
+    assert gw.conversation_owners.unlisted == []  # listed at once, as it has a title
+
+
+async def test_an_untitled_conversation_tells_its_first_message_here_it_is_unlisted(client: Any) -> None:
+    http, gw, _ = client
+    made = (await http.post("/v1/conversations", json={}, headers=auth("ann"))).json()["conversation_id"]
+    named = (await http.post("/v1/conversations", json={"model": "small"}, headers=auth("ann"))).json()
+    private = (await http.post("/v1/conversations", json={}, headers=auth("pat"))).json()["conversation_id"]
+    assert "conversation_id" in named and private  # a model named, or a plan that keeps nothing: not told
+    assert gw.conversation_owners.unlisted == [made]
 
 
 async def test_a_new_conversation_keeps_its_own_copy_of_the_instructions_unless_its_plan_keeps_nothing(
