@@ -116,7 +116,7 @@ def decide(event: MessageSubmitted, outcome: Reservation | Refusal, rules: Admis
         edit_of=event.edit_of, reply_cap=outcome.reply_cap, reserved_tokens=outcome.amount, route_reason=reason,
         temperature=event.temperature, history=event.history, sampling=event.sampling, deadline=event.deadline,
         fresh_conversation=event.fresh_conversation, made_listed=event.made_listed,
-        made_unlisted=event.made_unlisted)
+        made_unlisted=event.made_unlisted, instructions=event.instructions)
     return [Out(topics.admitted, admitted, event.conversation_id)]
 
 

@@ -34,6 +34,7 @@ class RequestAdmitted(Event, frozen=True, kw_only=True):
     fresh_conversation: bool = False
     made_listed: bool = False  # see MessageSubmitted
     made_unlisted: bool = False  # see MessageSubmitted
+    instructions: str | None = None  # see MessageSubmitted (sealed)
 
 
 RefusalReason = Literal[

@@ -53,10 +53,13 @@ class MessageSubmitted(Event, frozen=True, kw_only=True):
     # The gateway made the conversation for this request alone and listed it (an OpenAI call its plan keeps):
     # persistence reads none of it and lists nothing (a reply with no text takes it off the list).
     made_listed: bool = False
-    # The first message the gateway that made this page conversation (untitled, no model named, so not listed)
-    # sends to it: persistence knows the row without reading it (made at its id's time) and lists it where it
-    # was made, unless someone changed it since (its change mark) or a message came before (a later turn).
+    # The first message of a page conversation (untitled, no model named, so not listed), sent through the
+    # gateway that made it, which saw no generation of it before (``Gateway.claim``): the prompt build reads no
+    # history (``instructions`` is the conversation's copy of the custom instructions, sealed), and persistence
+    # knows the row without reading it (made at its id's time) and lists it where it was made, unless someone
+    # changed it since (its change mark) or a message came before (a later turn).
     made_unlisted: bool = False
+    instructions: str | None = None
 
 
 class CancelRequested(Event, frozen=True, kw_only=True):

@@ -166,7 +166,7 @@ class FakeConversations:
     async def save_message(self, message: Message) -> None:
         self.messages[(message.conversation_id, message.turn, message.message_id)] = message
 
-    async def save_messages(self, messages: list[Message]) -> None:
+    async def save_messages(self, messages: list[Message], placeholder_at_id_time: bool = False) -> None:
         for message in messages:
             await self.save_message(message)
 

@@ -26,7 +26,7 @@ from consumers.stage import Out
 from infra.stores import keys
 from infra.stores.conversations import ClientMessageClaim, Conversations, Message
 from infra.stores.finished import FinishedReplies
-from infra.stores.preferences import instructions_in
+from infra.stores.preferences import instructions_in, instructions_message
 from infra.stores.records import Records, Summary
 from schemas import (
     GenerationRequested,
@@ -99,7 +99,8 @@ class PromptBuilder:
         if user_message is None:
             return await self._refused(req, 404, "invalid", "That message is no longer in the conversation.")
         rows = self._rows(req, turn, user_message, history)
-        saving = asyncio.ensure_future(self.conversations.save_messages(rows)) if rows else None
+        saving = asyncio.ensure_future(self.conversations.save_messages(
+            rows, placeholder_at_id_time=_first_message(req))) if rows else None
         if saving is not None:
             await asyncio.sleep(0)  # the write runs up to its request to Cassandra before the fitting's CPU
         # 4. Fit the prompt to the pool's window, or refuse (taking the rows back). Only when older turns fall
@@ -150,6 +151,12 @@ class PromptBuilder:
     async def _read(self, req: RequestAdmitted) -> list[Message]:
         if req.fresh_conversation and isinstance(req.history, list):
             return []  # made for this request alone: a redelivery rewrites the same user message row, no more
+        if _first_message(req):
+            # A page conversation's first message, through the gateway that made it, which saw no generation of
+            # it before: its history is its copy of the instructions, carried sealed in the event. A redelivery
+            # after the reply was saved rewrites the placeholder at its id's time, older than the reply's row.
+            made = id_time(req.conversation_id) or datetime.now(UTC)
+            return [instructions_message(req.conversation_id, req.instructions, made)] if req.instructions else []
         history = await self.conversations.all_messages(req.conversation_id)
         if self.finished is not None:  # a reply whose end the client saw is part of the history now
             history = await self.finished.current(history)
@@ -402,3 +409,9 @@ def _left(saving: asyncio.Future[Any] | None) -> None:
     """A write no longer waited for: its outcome is taken when it ends (no "never retrieved" warning)."""
     if saving is not None:
         saving.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+def _first_message(req: RequestAdmitted) -> bool:
+    """A message its history is carried for (``MessageSubmitted.made_unlisted``): nothing to read."""
+    return (req.made_unlisted and req.history is None and not req.regenerate and req.edit_of is None
+            and req.parent_id is None and id_time(req.generation_id) is not None)

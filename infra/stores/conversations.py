@@ -19,7 +19,7 @@ from typing import Any
 from infra.stores import keys
 from infra.stores.sealing import Sealer
 from infra.stores.session import AsyncSession
-from schemas import id_time, new_id
+from schemas import id_time, id_time_ms, new_id
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,14 @@ _LIST = ("INSERT INTO conversations_by_user (user_id, updated_at, conversation_i
          "VALUES (?, ?, ?, ?, ?)")
 _INSERT_MESSAGE = (f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) "
                    f"VALUES ({', '.join('?' for _ in MESSAGE_COLUMNS)})")
+_INSERT_MESSAGE_AT = f"{_INSERT_MESSAGE} USING TIMESTAMP ?"
+
+
+def _insert_message(m: Message, placeholder_at_id_time: bool) -> tuple[str, tuple[Any, ...]]:
+    values = tuple(getattr(m, c) for c in MESSAGE_COLUMNS)
+    if placeholder_at_id_time and m.role == "assistant" and m.status == "generating" and id_time(m.message_id):
+        return _INSERT_MESSAGE_AT, (*values, id_time_ms(m.message_id) * 1000)  # microseconds, as Cassandra's
+    return _INSERT_MESSAGE, values
 
 
 def _utc(ts: datetime) -> datetime:
@@ -282,14 +290,16 @@ class Conversations:
     async def save_message(self, message: Message) -> None:
         await self.save_messages([message])
 
-    async def save_messages(self, messages: list[Message]) -> None:
+    async def save_messages(self, messages: list[Message], placeholder_at_id_time: bool = False) -> None:
         """Messages of one conversation in one statement: a user message and its reply's placeholder share the
-        conversation's partition, so they are one unlogged batch (one mutation: both rows or neither)."""
+        conversation's partition, so they are one unlogged batch (one mutation: both rows or neither).
+        ``placeholder_at_id_time``: a reply's placeholder is written as of its id's time, so it never overwrites
+        the saved reply (written later) when a record is applied again by a writer that did not read it."""
         if len({m.conversation_id for m in messages}) > 1:
             raise ValueError("save_messages: one conversation's messages only (one partition)")
         sealed = [dataclasses.replace(m, content=await self._seal(m.conversation_id, m.content) or "")
                   for m in messages]
-        statements = [(_INSERT_MESSAGE, tuple(getattr(m, c) for c in MESSAGE_COLUMNS)) for m in sealed]
+        statements = [_insert_message(m, placeholder_at_id_time) for m in sealed]
         if len(statements) == 1:
             await self.db.execute(*statements[0])
         elif statements:

@@ -44,8 +44,8 @@ E = TypeVar("E", bound=Event)
 # Field -> kind of value: "text" (str), "ids" (list[int]), or a JSON kind of ``_JSON`` (the client's history,
 # its sampling parameters, which hold stop sequences and schemas, and token logprobs, which hold token text).
 SEALED_FIELDS: dict[type[Event], dict[str, str]] = {
-    MessageSubmitted: {"content": "text", "history": "turns", "sampling": "sampling"},
-    RequestAdmitted: {"content": "text", "history": "turns", "sampling": "sampling"},
+    MessageSubmitted: {"content": "text", "history": "turns", "sampling": "sampling", "instructions": "text"},
+    RequestAdmitted: {"content": "text", "history": "turns", "sampling": "sampling", "instructions": "text"},
     PromptBuilt: {"prompt_token_ids": "ids", "question": "text", "sampling": "sampling", "alternates": "alternates"},
     GenerationRequested: {"prompt_token_ids": "ids", "sampling": "sampling", "question": "text"},
     TokensAppended: {"text": "text", "token_ids": "ids", "logprobs": "logprobs"},

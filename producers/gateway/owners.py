@@ -9,6 +9,7 @@ its deletion is heard — and, while nothing can be heard, nothing is kept.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from infra.stores.conversations import Conversations
 from infra.stores.crypto import DataKeys
@@ -17,11 +18,18 @@ KEEP_S = 300.0
 MOST = 100_000  # conversations remembered at once; the oldest entries go first past it
 
 
+@dataclass(frozen=True)
+class FirstMessage:
+    instructions: str | None  # the conversation's copy of the custom instructions
+
+
 class Owners:
     def __init__(self, conversations: Conversations, keys: DataKeys, keep_s: float = KEEP_S) -> None:
         self.conversations, self.keys, self.keep_s = conversations, keys, keep_s
         self._owners: dict[str, tuple[float, str]] = {}
-        self._unlisted: dict[str, float] = {}  # made here untitled, no model named, no message sent here yet
+        # Made here untitled with no model named, no message sent here yet: until when, and its copy of the
+        # custom instructions (what its first prompt needs besides the message, so nothing is read for it).
+        self._unlisted: dict[str, tuple[float, str | None]] = {}
         keys.listeners.append(self._forget)
 
     async def owner(self, conversation_id: str) -> str | None:
@@ -46,17 +54,18 @@ class Owners:
                 self._owners.pop(next(iter(self._owners)))
             self._owners[conversation_id] = (time.monotonic() + self.keep_s, user_id)
 
-    def made_unlisted(self, conversation_id: str) -> None:
-        """A page conversation made here with no title and no model: not listed, its row as its id says."""
+    def made_unlisted(self, conversation_id: str, instructions: str | None) -> None:
+        """A page conversation made here with no title and no model: not listed, its row as its id says, its
+        history nothing but ``instructions`` (its copy of the custom instructions, or none)."""
         if len(self._unlisted) >= MOST:
             self._unlisted.pop(next(iter(self._unlisted)))
-        self._unlisted[conversation_id] = time.monotonic() + self.keep_s
+        self._unlisted[conversation_id] = (time.monotonic() + self.keep_s, instructions)
 
-    def first_message(self, conversation_id: str) -> bool:
-        """Whether this is the first message sent here to a conversation made here unlisted (asked once: the
-        answer is then forgotten). The events tell persistence, which lists it without reading its row."""
-        until = self._unlisted.pop(conversation_id, None)
-        return until is not None and until > time.monotonic()
+    def first_message(self, conversation_id: str) -> FirstMessage | None:
+        """The first message sent here to a conversation made here unlisted (asked once: then forgotten), or
+        None. Whether it is the conversation's first anywhere is settled by ``Gateway.claim``."""
+        made = self._unlisted.pop(conversation_id, None)
+        return FirstMessage(made[1]) if made is not None and made[0] > time.monotonic() else None
 
     def _forget(self, conversation_id: str | None) -> None:
         if conversation_id is None:

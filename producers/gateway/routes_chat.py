@@ -231,6 +231,8 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
                        regenerate: bool = False, edit_of: str | None = None, max_tokens: int | None = None,
                        sampled: sampling_params.Parsed | None = None) -> StreamingResponse:
     generation_id = gw.new_generation_id()
+    first = gw.conversation_owners.first_message(conversation_id) \
+        if not regenerate and edit_of is None and parent_id is None else None
     if not client_message_id:
         # Nothing can retry under an id the client never had (the page sends none): the id is made from the
         # generation's own, so neither this gateway's Redis claim nor the prompt build's durable one (a Paxos
@@ -250,8 +252,7 @@ async def _submit_held(request: Request, gw: Gateway, user: User, conversation_i
             parent_id=parent_id, regenerate=regenerate, edit_of=edit_of, gateway_id=gw.gateway_id,
             max_tokens=max_tokens, temperature=sampled.temperature if sampled else None,
             sampling=sampled.sampling if sampled else None,
-            made_unlisted=not regenerate and edit_of is None and parent_id is None
-            and gw.conversation_owners.first_message(conversation_id)))
+            made_unlisted=first is not None, instructions=first.instructions if first is not None else None))
     except Exception:  # refused, or never acknowledged: a later retry with this id must start afresh
         if claim_key:
             with contextlib.suppress(RedisError):

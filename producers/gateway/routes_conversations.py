@@ -53,12 +53,12 @@ async def create_conversation(request: Request, body: NewConversation | None = N
     conv = await gw.conversations.create(user.user_id, model=body.model if body else None, title=title,
                                          listed=keep and title is not None)
     gw.conversation_owners.made(conv.conversation_id, user.user_id, heard)  # its first message reads no owner
-    if keep and title is None and not (body and body.model):  # its first message here tells persistence its row
-        gw.conversation_owners.made_unlisted(conv.conversation_id)
     if keep:  # the account's custom instructions, copied into the conversation for its prompts (preferences.py)
         told = (await gw.preferences.get(user.user_id)).instructions
         if told:
             await gw.conversations.save_message(instructions_message(conv.conversation_id, told, conv.updated_at))
+        if title is None and not (body and body.model):  # its first message here reads nothing of it
+            gw.conversation_owners.made_unlisted(conv.conversation_id, told or None)
     if conv.title:
         await gw.search.index(user.user_id, conv.conversation_id, TITLE, -1, conv.title)
     return {"conversation_id": conv.conversation_id}

@@ -135,14 +135,16 @@ class Gateway:
         user_id, conversation_id = raw.decode().split(" ", 1)
         return user_id, conversation_id
 
-    async def claim(self, generation_id: str, user_id: str, conversation_id: str) -> None:
-        """Owner and first reader heartbeat of a new generation, in one round trip."""
+    async def claim(self, generation_id: str, user_id: str, conversation_id: str) -> int:
+        """Owner and first reader heartbeat of a new generation, in one round trip; the number of generations
+        the conversation has had (kept while a reply's owner is: 1 is its first, on any gateway)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.generation_owner(generation_id), f"{user_id} {conversation_id}", ex=OWNER_TTL_S)
             pipe.set(keys.reader_heartbeat(generation_id), self.gateway_id, ex=self._reader_ttl_s)
             pipe.sadd(keys.conversation_generations(conversation_id), generation_id)  # what a delete cancels
             pipe.expire(keys.conversation_generations(conversation_id), OWNER_TTL_S)
-            await pipe.execute()
+            pipe.scard(keys.conversation_generations(conversation_id))
+            return int((await pipe.execute())[-1])
 
     async def worker_alive(self, worker_id: str) -> bool:
         return bool(await self.redis.exists(keys.worker_alive(worker_id)))

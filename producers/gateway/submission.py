@@ -65,7 +65,11 @@ async def submit(gw: Gateway, user: User, request: MessageSubmitted) -> Accepted
     queue = gw.relay.subscribe(generation_id)  # before producing: no event can be missed
     try:
         await gw.relay.attach(generation_id)  # at once: its id was minted on a partition this gateway tails
-        await gw.claim(generation_id, user.user_id, request.conversation_id)
+        if await gw.claim(generation_id, user.user_id, request.conversation_id) > 1 and request.made_unlisted:
+            # Not the conversation's first generation (a message came through another gateway): its history
+            # is read, and its row, as for any other message.
+            request = msgspec.structs.replace(request, made_unlisted=False, instructions=None)
+            sealed = msgspec.structs.replace(sealed, made_unlisted=False, instructions=None)
         try:
             await asyncio.wait_for(send(gw.producer, gw.topics.requests, sealed, key=user.user_id),
                                    gw.settings.kafka_send_timeout_s)

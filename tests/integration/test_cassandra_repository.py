@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 from infra.config.settings import Settings
@@ -135,6 +136,23 @@ async def test_messages_with_siblings_and_overwrite_on_retry(db) -> None:  # typ
     assert [m.role for m in messages] == ["user", "assistant", "assistant"]
     assert messages[1].content == "hello" and messages[1].status == "complete"  # overwritten, not duplicated
     assert {m.parent_id for m in messages[1:]} == {user_msg.message_id}
+
+
+async def test_a_placeholder_written_as_of_its_id_never_overwrites_the_saved_reply(db) -> None:  # type: ignore[no-untyped-def]
+    """A first message's prompt build reads no history, so a redelivery cannot see that its reply was saved: its
+    placeholder, written as of the reply id's time in the same batch as the user message, loses to the reply's
+    row, written later, while the user message is rewritten as usual."""
+    convs = Conversations(db)
+    cid = (await convs.create(new_id(), listed=False)).conversation_id
+    user_msg = Message(cid, 0, new_id(), "user", "hi")
+    placeholder = Message(cid, 0, new_id(), "assistant", "", status="generating", parent_id=user_msg.message_id)
+    await convs.save_messages([user_msg, placeholder], placeholder_at_id_time=True)
+    assert [m.status for m in await convs.all_messages(cid)] == ["complete", "generating"]
+    await convs.save_message(dataclasses.replace(placeholder, content="hello", status="complete"))  # the reply
+    await convs.save_messages([dataclasses.replace(user_msg, content="hi again"), placeholder],
+                              placeholder_at_id_time=True)  # the record applied again
+    messages = await convs.all_messages(cid)
+    assert [(m.content, m.status) for m in messages] == [("hi again", "complete"), ("hello", "complete")]
 
 
 async def test_client_message_claim_is_first_wins(db) -> None:  # type: ignore[no-untyped-def]

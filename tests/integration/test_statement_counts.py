@@ -24,11 +24,12 @@ from producers.loadgen.statements import StatementCounter, difference
 pytestmark = pytest.mark.integration
 
 # Budgets (docs/performance.md, "Cassandra statements per request"): the targets are 8 and 6.
-PER_CHAT_MESSAGE = 10  # the first of a conversation: its title is asked for, saved and indexed too (9; no key
-#   read: the stages and workers heard the key made; its row not read: persistence is told it was made here,
-#   unlisted, and lists it where it was made; its title written to its row alone, the list reads it there; the
-#   user's new day counted with no read of its totals)
-PER_PAGE_FIRST_MESSAGE = 9  # 8: the same, as the page sends it (no client_message_id: nothing to claim)
+PER_CHAT_MESSAGE = 9  # the first of a conversation: its title is asked for, saved and indexed too (8; no key
+#   read: the stages and workers heard the key made; no history read: the gateway that made it carries its copy
+#   of the instructions; its row not read: persistence is told it was made there, unlisted, and lists it where
+#   it was made; its title written to its row alone, the list reads it there; the user's new day counted with no
+#   read of its totals)
+PER_PAGE_FIRST_MESSAGE = 8  # 7: the same, as the page sends it (no client_message_id: nothing to claim)
 PER_FOLLOW_UP = 9  # 8: the data key and the owner are read once per process while deletions can be heard; the
 #   user message rides to persistence in the events (not read back to be indexed); persistence keeps the row it
 #   wrote (not read again while nobody else changed it)
@@ -156,6 +157,8 @@ async def test_one_chat_message_and_one_openai_request(service: PrivateService) 
     assert 0 < sum(more.values()) <= PER_FOLLOW_UP, more
     assert 0 < sum(page.values()) <= PER_PAGE_FOLLOW_UP, page
     assert 0 < sum(first.values()) <= PER_PAGE_FIRST_MESSAGE, first
+    assert not [k for k in (*chat, *first) if k.startswith("read ") and not k.endswith((
+        " messages_by_client_id", " usage_by_generation"))], (chat, first)  # nothing read but the claim and count
     # Both listed (the page's where it was made), each with the title its first exchange got (read from its row).
     assert {c["conversation_id"] for c in listed} == {page_conversation_id, conversation_id}, listed
     assert all(c["title"] for c in listed[:2]), listed

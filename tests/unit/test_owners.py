@@ -63,12 +63,17 @@ async def test_a_conversation_made_here_is_owned_without_a_read_unless_a_destruc
 async def test_a_conversation_made_unlisted_here_has_one_first_message_here(tmp_path: Path) -> None:
     keys = DataKeys(KeyTable(), LocalTenantKeys.under(tmp_path), cache_s=0.0)  # type: ignore[arg-type]
     owners = Owners(FakeConversations(), keys, keep_s=60.0)  # type: ignore[arg-type]
-    owners.made_unlisted("c1")
-    assert not owners.first_message("c2")  # made elsewhere (or titled, or with a model)
-    assert owners.first_message("c1") and not owners.first_message("c1")  # asked once: the next is not first
-    owners.made_unlisted("c3")
+    owners.made_unlisted("c1", "Be brief.")
+    owners.made_unlisted("c2", None)
+    assert owners.first_message("c0") is None  # made elsewhere (or titled, or with a model)
+    first = owners.first_message("c1")
+    assert first is not None and first.instructions == "Be brief."  # what its prompt needs besides the message
+    assert owners.first_message("c1") is None  # asked once: the next is not first
+    second = owners.first_message("c2")
+    assert second is not None and second.instructions is None
+    owners.made_unlisted("c3", None)
     owners._forget("c3")  # noqa: SLF001 - its key destroyed (deleted): nothing is told about it
-    assert not owners.first_message("c3")
+    assert owners.first_message("c3") is None
     stale = Owners(FakeConversations(), keys, keep_s=0.0)  # type: ignore[arg-type]
-    stale.made_unlisted("c4")
-    assert not stale.first_message("c4")  # kept no longer than an owner is
+    stale.made_unlisted("c4", None)
+    assert stale.first_message("c4") is None  # kept no longer than an owner is

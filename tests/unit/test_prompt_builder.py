@@ -128,7 +128,7 @@ async def test_the_rows_are_written_while_the_prompt_is_fitted_and_taken_back_if
         async def all_messages(self, conversation_id: str) -> list[Message]:
             return list(HISTORY)
 
-        async def save_messages(self, rows: list[Message]) -> None:
+        async def save_messages(self, rows: list[Message], placeholder_at_id_time: bool = False) -> None:
             order.append("write")  # the request is on its way before the prompt is fitted
             await asyncio.sleep(0.01)
             self.rows.update({(m.turn, m.message_id): m for m in rows})
@@ -153,3 +153,44 @@ async def test_the_rows_are_written_while_the_prompt_is_fitted_and_taken_back_if
                                                      content="word " * 9000)), 2)
     assert [type(o.event) for o in outs] == [RequestRefused] and outs[0].event.status == 413
     assert convs.rows == {} and sorted(convs.deleted) == [(2, "g3"), (2, "m3")]
+
+
+async def test_a_first_message_carried_with_its_instructions_reads_no_history() -> None:
+    from consumers.prompt.builder import PromptBuilder
+    from schemas import PromptBuilt, new_id
+    from topics import Topics
+
+    class Convs:
+        def __init__(self) -> None:
+            self.reads = 0
+            self.saved: list[tuple[list[Message], bool]] = []
+
+        async def all_messages(self, conversation_id: str) -> list[Message]:
+            self.reads += 1
+            return []
+
+        async def save_messages(self, rows: list[Message], placeholder_at_id_time: bool = False) -> None:
+            self.saved.append((rows, placeholder_at_id_time))
+
+        async def claim_client_message(self, cid: str, key: str, gid: str, mid: str, turn: int) -> ClientMessageClaim:
+            return ClientMessageClaim(gid, mid, turn, True)
+
+    convs = Convs()
+    builder = PromptBuilder(convs, None, Topics("t."), lambda pool: Words(), 4000,  # type: ignore[arg-type]
+                            lambda pool: 8192)
+    first = req(generation_id=new_id(), conversation_id=new_id(), made_unlisted=True,
+                instructions="Answer like a pirate.")
+    [out] = await builder.handle(first)
+    assert convs.reads == 0 and isinstance(out.event, PromptBuilt) and out.event.turn == 0
+    [(rows, at_id_time)] = convs.saved
+    # The user message and the placeholder, the placeholder written as of its id's time: a redelivery that did
+    # not read the saved reply cannot overwrite it.
+    assert [(m.role, m.turn) for m in rows] == [("user", 0), ("assistant", 0)] and at_id_time
+    plain = await PromptBuilder(Convs(), None, Topics("t."), lambda pool: Words(), 4000,  # type: ignore[arg-type]
+                                lambda pool: 8192).handle(req(generation_id=new_id(), conversation_id=new_id()))
+    assert len(out.event.prompt_token_ids) > len(plain[0].event.prompt_token_ids)  # the instructions are in it
+    # Not a first message (a regenerate, a branch, no time in its id): the history is read.
+    for other in (dict(regenerate=True, parent_id="m0"), dict(parent_id="a0"), dict(generation_id="g9")):
+        convs.reads = 0
+        await builder.handle(req(**(dict(generation_id=new_id(), made_unlisted=True) | other)))
+        assert convs.reads == 1, other

@@ -67,8 +67,8 @@ class ConversationOwners:
         conv = await self.conversations.get(conversation_id)
         return conv.user_id if conv is not None else None
 
-    def first_message(self, conversation_id: str) -> bool:
-        return False  # made elsewhere: persistence reads its row
+    def first_message(self, conversation_id: str) -> None:
+        return None  # made elsewhere: its history and its row are read
 
 
 @dataclass

@@ -68,12 +68,14 @@ class Owners:
     keys: Keys = field(default_factory=Keys)
     made_here: list[tuple[str, str, int]] = field(default_factory=list)
     unlisted: list[str] = field(default_factory=list)
+    told: dict[str, str | None] = field(default_factory=dict)
 
     def made(self, conversation_id: str, user_id: str, heard: int) -> None:
         self.made_here.append((conversation_id, user_id, heard))
 
-    def made_unlisted(self, conversation_id: str) -> None:
+    def made_unlisted(self, conversation_id: str, instructions: str | None) -> None:
         self.unlisted.append(conversation_id)
+        self.told[conversation_id] = instructions
 
 
 @dataclass
@@ -188,6 +190,7 @@ async def test_an_untitled_conversation_tells_its_first_message_here_it_is_unlis
     private = (await http.post("/v1/conversations", json={}, headers=auth("pat"))).json()["conversation_id"]
     assert "conversation_id" in named and private  # a model named, or a plan that keeps nothing: not told
     assert gw.conversation_owners.unlisted == [made]
+    assert gw.conversation_owners.told == {made: "Call me ann."}  # its first prompt's instructions, carried
 
 
 async def test_a_new_conversation_keeps_its_own_copy_of_the_instructions_unless_its_plan_keeps_nothing(

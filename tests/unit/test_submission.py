@@ -10,6 +10,7 @@ from aiokafka.errors import KafkaTimeoutError
 from infra.config.settings import Settings
 from infra.stores.accounts import User
 from producers.gateway import submission
+from producers.gateway.errors import ApiError
 from schemas import GenerationQueued, MessageSubmitted
 from topics import Topics
 
@@ -57,9 +58,10 @@ class _Gateway:
     def __init__(self) -> None:
         self.relay, self.quota, self.producer, self.topics = _Relay(), _Quota(), _Producer(), Topics("t.")
         self.settings, self.sealer = Settings(), _Sealer()
+        self.generations = 1  # of the conversation, this one's included
 
-    async def claim(self, gid: str, user_id: str, conversation_id: str) -> None:
-        return None
+    async def claim(self, gid: str, user_id: str, conversation_id: str) -> int:
+        return self.generations
 
 
 async def test_a_produce_that_fails_releases_the_request_and_cancels_it() -> None:
@@ -93,3 +95,25 @@ async def test_a_request_queued_with_a_wait_longer_than_the_decision_deadline_is
 
 async def _ok(topic: str, value: bytes, key: bytes, partition: Any = None) -> None:
     return None
+
+
+async def test_a_first_message_is_sent_as_one_only_when_the_conversation_had_no_generation_before() -> None:
+    from schemas import decode
+
+    for generations, first in ((1, True), (2, False)):
+        gw = _Gateway()
+        gw.generations = generations  # 2: a message came through another gateway first
+        gw.settings = Settings(admission_wait_s=0.05)
+        sent: list[bytes] = []
+
+        async def keep(topic: str, value: bytes, key: bytes, partition: Any = None, sent: list[bytes] = sent) -> None:
+            sent.append(value)
+
+        gw.producer.send_and_wait = keep  # type: ignore[method-assign]
+        request = MessageSubmitted(generation_id="g", conversation_id="c", user_id="u", plan="paid", message_id="m",
+                                   client_message_id="cm", content="hi", made_unlisted=True, instructions="Be brief.")
+        with pytest.raises(ApiError):  # no decision in time: 503 (what was sent is what this test reads)
+            await submission.submit(gw, User("u", "paid"), request)  # type: ignore[arg-type]
+        event = decode(sent[0])
+        assert isinstance(event, MessageSubmitted)
+        assert (event.made_unlisted, event.instructions) == ((True, "Be brief.") if first else (False, None))
