@@ -221,10 +221,9 @@ class Persistence:
             self._remember(conv, changed)
         return conv
 
-    async def _touch(self, conv: Conversation, changed: bytes | None, at: datetime,
-                     title: str | None = None) -> None:
+    async def _touch(self, conv: Conversation, changed: bytes | None, at: datetime) -> None:
         self._known.pop(conv.conversation_id, None)  # unknown until the writes are done
-        self._remember(await self.conversations.touch(conv, at, title=title), changed)
+        self._remember(await self.conversations.touch(conv, at), changed)
 
     async def _retitle(self, conv: Conversation, changed: bytes | None, title: str) -> None:
         self._known.pop(conv.conversation_id, None)  # unknown until the write is done
