@@ -98,7 +98,8 @@ class AsyncSession:
 
     async def batch(self, cql: str, rows: Sequence[Sequence[Any]]) -> None:
         """One statement bound to many rows, sent as an unlogged batch (for rows of one partition)."""
-        await self.together([(cql, params) for params in rows])
+        if rows:
+            await _bridge(self.session.execute_async(same_statement_batch(self.prepare(cql), rows)))
 
     async def together(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         """Several statements on rows of one partition as an unlogged batch: one mutation, applied at once."""
@@ -120,6 +121,41 @@ class AsyncSession:
         bound.fetch_size = fetch_size
         future = self.session.execute_async(bound, paging_state=paging_state)
         return await _bridge(future)
+
+
+def same_statement_batch(prepared: PreparedStatement, rows: Sequence[Sequence[Any]]) -> BatchStatement:
+    """An unlogged batch of ``prepared`` bound to each of ``rows``, serializing each distinct value of a column
+    once. The driver's ``BatchStatement.add`` makes a ``BoundStatement`` per row and serializes every value of
+    it again: most of what a search index batch cost the stages (hundreds of rows that differ in one column).
+    The first row is bound by the driver itself, which checks it and sets the batch's routing key."""
+    if len(rows) > 0xFFFF:
+        raise ValueError(f"a batch holds at most {0xFFFF} statements, not {len(rows)}")
+    batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+    if prepared.column_encryption_policy is not None:  # encrypted columns: the driver binds each row itself
+        for row in rows:
+            batch.add(prepared, row)
+        return batch
+    batch.add(prepared, rows[0])
+    types = [column.type for column in prepared.column_metadata]
+    version = prepared.protocol_version
+    seen: list[dict[Any, bytes | None]] = [{} for _ in types]
+    for row in rows[1:]:
+        if len(row) != len(types):
+            raise ValueError(f"{len(row)} values for {len(types)} bind markers")
+        values = []
+        for value, kind, known in zip(row, types, seen, strict=True):
+            try:
+                data = known.get(value, _UNSEEN)
+            except TypeError:  # unhashable (a collection): serialized each time
+                data = kind.serialize(value, version)
+            if data is _UNSEEN:
+                data = known[value] = None if value is None else kind.serialize(value, version)
+            values.append(data)
+        batch._add_statement_and_params(True, prepared.query_id, values)  # noqa: SLF001 - add's own last step
+    return batch
+
+
+_UNSEEN: Any = object()
 
 
 def _bridge(future: ResponseFuture) -> asyncio.Future[Page]:
