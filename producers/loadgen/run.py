@@ -41,6 +41,12 @@ class Target:
     stages_metrics: str | None = None
 
 
+# The stages publish consumer lag every 5 s (``infra.local.telemetry.POLL_S``) and commit offsets at most twice a
+# second, so a sample taken while records still arrive counts the ones merely in flight. The last sample is taken
+# this long after the last reply ended: what is left then is lag the stages did not catch up on.
+LAG_SETTLE_S = 6.5
+
+
 @dataclass(frozen=True)
 class Load:
     """What to play: the arrival phases and the shape of each request."""
@@ -81,12 +87,15 @@ async def measure(target: Target, load: Load, users: list[User], scenario: str,
         try:
             records = await play(arrivals.schedule(load.phases, load.seed, load.limit), _workload(load, users),
                                  client, load.drain_s, load.max_in_flight, progress)
-            await asyncio.sleep(1.0)  # the last events reach the tap, the last lag is sampled
+            await asyncio.sleep(1.0)  # the last events reach the tap
+            cpu_after, ended = cpu.snapshot(pids), time.monotonic()
+            if target.stages_metrics:
+                await asyncio.sleep(LAG_SETTLE_S)  # the lag left standing at the end, not the load's own
         finally:
             await sampler.stop()
             await client.close()
             await tap.stop()
-        run_window = cpu.between(cpu_before, cpu.snapshot(pids), time.monotonic() - began)
+        run_window = cpu.between(cpu_before, cpu_after, ended - began)
         measured = report.Measured(
             records, progress.started, idle, run_window,
             await end_offsets(target.settings.kafka_bootstrap, tokens_topic) - offsets_before,
