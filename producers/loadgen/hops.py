@@ -61,7 +61,11 @@ class HopTap:
         self.tokens = names.tokens
         self.topics = [names.requests, names.admitted, names.prompts, names.replies, names.tokens,
                        *(names.generate(p, lane) for p in pools for lane in LANES)]
-        self.consumer = make_consumer(bootstrap, group_id=None, fetch_max_wait_ms=100)
+        # The tap reads times the events and records carry, never when it reads them: the broker holds its fetch
+        # until a megabyte or 250 ms has gathered. Answered at the first byte, it fetched once per record of every
+        # topic it reads (3,006 of the broker's 10,700 fetches in a 20 s replica run), and the service's Kafka
+        # figures carried the tap's work.
+        self.consumer = make_consumer(bootstrap, group_id=None, fetch_max_wait_ms=250, fetch_min_bytes=1 << 20)
         self.marks: dict[str, dict[str, float]] = {}
         self.appended: dict[bytes, list[float]] = {}  # generation id (the key) -> each token record's timestamp, s
         self._task: asyncio.Task[None] | None = None
