@@ -90,7 +90,7 @@ def main() -> None:
                                  "--duration", str(args.duration), "--summary", str(summary)],
                                 capture_output=True, text=True, check=True)
     finally:
-        jmx(args.jmx_port, "log", LOGGER, "INFO")
+        jmx(args.jmx_port, "log", LOGGER, "WARN")  # as infra/local/kafka/log4j2.properties sets it
     after = counts(args.jmx_port)
     with log_path.open("rb") as f:
         f.seek(start)
