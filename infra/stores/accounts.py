@@ -7,8 +7,11 @@ their secret. Revoking deletes the lookup row, so the next lookup fails, and sta
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -18,6 +21,13 @@ from infra.stores.session import AsyncSession
 from schemas import new_id
 from schemas.errors import ParleyError
 from schemas.gateway import PlanName
+
+log = logging.getLogger(__name__)
+# How long a revocation waits for every gateway that received it to say it dropped the token: each says so within
+# a millisecond or two of hearing it, so this is only reached when one is stalled (then it is told, and forgets
+# the token by its own 60 s bound or its next lost channel at the latest).
+DROPPED_WAIT_S = 0.5
+DROPPED_POLL_S = 0.005
 
 TOKEN_PREFIX = "pk_"
 DEFAULT_TTL_DAYS = 90
@@ -179,6 +189,19 @@ class Accounts:
         return str(token_hash)
 
 
-async def announce_revoked(redis: Any, token_hash: str) -> None:
-    """Tell every gateway to drop a revoked token from its cache (its lookup row is already gone)."""
-    await redis.publish(keys.tokens_revoked(), token_hash)
+async def announce_revoked(redis: Any, token_hash: str, wait_s: float = DROPPED_WAIT_S) -> bool:
+    """Tell every gateway to drop a revoked token from its cache (its lookup row is already gone), and wait, at
+    most ``wait_s``, until each gateway that received the message has said it dropped it (``keys.token_dropped``):
+    the revocation's answer then means the very next request is refused at every gateway, not only once each has
+    read its channel. True when every one said so."""
+    received = int(await redis.publish(keys.tokens_revoked(), token_hash) or 0)
+    deadline = time.monotonic() + wait_s
+    while received:
+        if int(await redis.get(keys.token_dropped(token_hash)) or 0) >= received:
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("revoked token %s…: not every gateway said it dropped it within %.1f s", token_hash[:8],
+                        wait_s)
+            return False
+        await asyncio.sleep(DROPPED_POLL_S)
+    return True

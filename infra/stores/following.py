@@ -69,16 +69,16 @@ class FollowedCache:
             await asyncio.sleep(RESUBSCRIBE_S)
 
     def heard_message(self, message: dict[str, Any]) -> None:
-        channel = _text(message.get("channel", self.channel))
+        channel = text_of(message.get("channel", self.channel))
         if message.get("type") == "subscribe":  # subscribed once every channel is: nothing said is missed
             self._confirmed.add(channel)
             self.subscribed = {self.channel, *self.also} <= self._confirmed
         elif message.get("type") == "message" and channel == self.channel:
-            self.forget(_text(message.get("data")))
+            self.forget(text_of(message.get("data")))
         elif message.get("type") == "message" and channel in self.also:
             data = message.get("data")
             self.heard_other(channel, data if isinstance(data, bytes) else str(data).encode())
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

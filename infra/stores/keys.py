@@ -142,3 +142,8 @@ def replicas(group: str) -> str:
 def tokens_revoked() -> str:
     """Pub/sub channel: the hash of each revoked API token, so every gateway drops it from its cache at once."""
     return f"{PREFIX}tokens:revoked"
+
+
+def token_dropped(token_hash: str) -> str:
+    """Counter: the gateways that heard a revoked token's hash and dropped it from their caches (a minute)."""
+    return f"{PREFIX}tokens:dropped:{token_hash}"

@@ -3,7 +3,10 @@
 A lookup is one or two Cassandra reads, so each gateway keeps what it found for ``CACHE_S`` (never past
 the token's expiry). A revocation must not wait for that: the revoking gateway (or ``parley token revoke``)
 deletes the lookup row, then publishes the token's hash on the Redis channel ``keys.tokens_revoked()``;
-every gateway subscribes and drops the entry at once. Two guards keep that exact:
+every gateway subscribes, drops the entry and counts itself in ``keys.token_dropped``, and the revocation is
+answered once every gateway that received the message has (``announce_revoked``, half a second at most): a
+request sent after the answer is refused at every gateway, not only once each has read its channel. Two guards
+keep the cache exact besides:
 
 - while the subscription is down (Redis restarting), the gateway caches nothing and dropped all it had,
   so a revocation it could not hear costs one lookup per request instead of a stale answer;
@@ -11,17 +14,18 @@ every gateway subscribes and drops the entry at once. Two guards keep that exact
   read racing the delete cannot put the token back for ``CACHE_S``.
 
 Cost: one SHA-256 per request (the cache is keyed by the hash, as the revocation names it), one Redis
-connection per gateway, one message per revocation.
+connection per gateway; per revocation, one message, one counter write per gateway and a read or two.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
 
 from infra.stores import keys
 from infra.stores.accounts import Accounts, User, announce_revoked, hash_token
-from infra.stores.following import FollowedCache
+from infra.stores.following import FollowedCache, text_of
 
 log = logging.getLogger(__name__)
 CACHE_S = 60.0
@@ -38,6 +42,7 @@ class TokenCache(FollowedCache):
         super().__init__(redis)
         self.accounts, self.cache_s = accounts, cache_s
         self._cache: dict[str, tuple[float, User]] = {}
+        self._saying: set[asyncio.Future[None]] = set()  # "dropped" counts in flight, kept from the collector
 
     async def user(self, token: str) -> User | None:
         token_hash = hash_token(token)
@@ -59,6 +64,28 @@ class TokenCache(FollowedCache):
     def forget(self, token_hash: str) -> None:
         self.heard += 1
         self._cache.pop(token_hash, None)
+
+    def heard_message(self, message: dict[str, Any]) -> None:
+        super().heard_message(message)
+        if message.get("type") == "message" and text_of(message.get("channel", self.channel)) == self.channel:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # heard outside a loop (never while following the channel): nobody waits
+                return
+            task = loop.create_task(self._say_dropped(text_of(message.get("data"))))
+            self._saying.add(task)
+            task.add_done_callback(self._saying.discard)
+
+    async def _say_dropped(self, token_hash: str) -> None:
+        """Count this gateway among those that dropped ``token_hash``: the revocation waits for all of them."""
+        key = keys.token_dropped(token_hash)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.incr(key)
+            pipe.expire(key, 60)
+            await pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - the revocation stops waiting after its bound; nothing is lost
+            log.warning("dropped revoked token %s… but could not say so (%s)", token_hash[:8], type(exc).__name__)
 
     def forget_all(self) -> None:
         self.heard += 1

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 
 from infra.stores import keys
-from infra.stores.accounts import Bearer, Issued, TokenInfo, TooManyTokens, User, hash_token
+from infra.stores.accounts import Bearer, Issued, TokenInfo, TooManyTokens, User, announce_revoked, hash_token
 from producers.gateway import routes_tokens
 from producers.gateway.app import install_error_handlers
 from producers.gateway.tokens import TokenCache
@@ -205,3 +205,71 @@ async def test_a_bad_expiry_is_a_422_and_too_many_tokens_a_409(client: tuple[htt
     codes = [(await http.post("/v1/tokens", headers=bearer("pk_ann"))).status_code for _ in range(3)]
     assert codes == [201, 201, 409]
     assert (await http.get("/v1/tokens")).status_code == 401
+
+
+class Broadcast:
+    """Redis as the revocation uses it: a publish reaches every following cache a moment later (as each gateway
+    reads its channel), and each counts itself in the dropped counter; ``deaf`` caches receive it and never say."""
+
+    def __init__(self) -> None:
+        self.caches: list[TokenCache] = []
+        self.deaf = 0
+        self.counters: dict[str, int] = {}
+
+    async def publish(self, channel: str, message: str) -> int:
+        async def later(cache: TokenCache) -> None:
+            await asyncio.sleep(0.02)
+            cache.heard_message({"type": "message", "channel": channel.encode(), "data": message.encode()})
+
+        for cache in self.caches:
+            asyncio.get_running_loop().create_task(later(cache))
+        return len(self.caches) + self.deaf
+
+    async def get(self, key: str) -> bytes | None:
+        return str(self.counters[key]).encode() if key in self.counters else None
+
+    def pipeline(self, transaction: bool = True) -> Broadcast.Pipe:
+        return Broadcast.Pipe(self)
+
+    class Pipe:
+        def __init__(self, redis: Broadcast) -> None:
+            self.redis = redis
+            self.keys: list[str] = []
+
+        def incr(self, key: str) -> None:
+            self.keys.append(key)
+
+        def expire(self, key: str, seconds: int) -> None:
+            pass
+
+        async def execute(self) -> None:
+            for key in self.keys:
+                self.redis.counters[key] = self.redis.counters.get(key, 0) + 1
+
+
+async def test_a_revocation_is_answered_once_every_gateway_dropped_the_token() -> None:
+    redis, accounts = Broadcast(), FakeAccounts()
+    gateways = [TokenCache(accounts, redis) for _ in range(3)]  # type: ignore[arg-type]
+    for gw in gateways:
+        gw.heard_message({"type": "subscribe"})
+    redis.caches = gateways
+    token_id = accounts.add("pk_a")
+    for gw in gateways:
+        assert await gw.user("pk_a") is not None  # cached on every gateway
+    began = asyncio.get_running_loop().time()
+    assert await gateways[0].revoke("ann", token_id) is True
+    assert asyncio.get_running_loop().time() - began >= 0.02  # it waited for them to hear it
+    assert redis.counters[keys.token_dropped(hash_token("pk_a"))] == 3
+    for gw in gateways:
+        assert await gw.user("pk_a") is None
+
+
+async def test_a_revocation_stops_waiting_for_a_gateway_that_never_says() -> None:
+    redis, accounts = Broadcast(), FakeAccounts()
+    gateway = TokenCache(accounts, redis)  # type: ignore[arg-type]
+    gateway.heard_message({"type": "subscribe"})
+    redis.caches, redis.deaf = [gateway], 1
+    began = asyncio.get_running_loop().time()
+    assert await announce_revoked(redis, hash_token("pk_a"), wait_s=0.1) is False
+    assert 0.1 <= asyncio.get_running_loop().time() - began < 1.0
+    assert redis.counters[keys.token_dropped(hash_token("pk_a"))] == 1  # the gateway that heard it said so
