@@ -35,6 +35,10 @@ class FollowedCache:
     def forget_all(self) -> None:
         raise NotImplementedError
 
+    def announced(self, name: str) -> None:
+        """A name announced on ``channel``: forgotten (a cache that answers the announcer says so here too)."""
+        self.forget(name)
+
     def heard_other(self, channel: str, data: bytes) -> None:
         """A message on one of ``also``'s channels."""
 
@@ -69,16 +73,16 @@ class FollowedCache:
             await asyncio.sleep(RESUBSCRIBE_S)
 
     def heard_message(self, message: dict[str, Any]) -> None:
-        channel = text_of(message.get("channel", self.channel))
+        channel = _text(message.get("channel", self.channel))
         if message.get("type") == "subscribe":  # subscribed once every channel is: nothing said is missed
             self._confirmed.add(channel)
             self.subscribed = {self.channel, *self.also} <= self._confirmed
         elif message.get("type") == "message" and channel == self.channel:
-            self.forget(text_of(message.get("data")))
+            self.announced(_text(message.get("data")))
         elif message.get("type") == "message" and channel in self.also:
             data = message.get("data")
             self.heard_other(channel, data if isinstance(data, bytes) else str(data).encode())
 
 
-def text_of(value: Any) -> str:
+def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

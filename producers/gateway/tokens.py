@@ -25,7 +25,7 @@ from typing import Any
 
 from infra.stores import keys
 from infra.stores.accounts import Accounts, User, announce_revoked, hash_token
-from infra.stores.following import FollowedCache, text_of
+from infra.stores.following import FollowedCache
 
 log = logging.getLogger(__name__)
 CACHE_S = 60.0
@@ -65,16 +65,16 @@ class TokenCache(FollowedCache):
         self.heard += 1
         self._cache.pop(token_hash, None)
 
-    def heard_message(self, message: dict[str, Any]) -> None:
-        super().heard_message(message)
-        if message.get("type") == "message" and text_of(message.get("channel", self.channel)) == self.channel:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # heard outside a loop (never while following the channel): nobody waits
-                return
-            task = loop.create_task(self._say_dropped(text_of(message.get("data"))))
-            self._saying.add(task)
-            task.add_done_callback(self._saying.discard)
+    def announced(self, token_hash: str) -> None:
+        """A revocation heard (this gateway's own too): dropped, and said so for the revoker waiting on it."""
+        self.forget(token_hash)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # heard outside a loop (never while following the channel): nobody waits
+            return
+        task = loop.create_task(self._say_dropped(token_hash))
+        self._saying.add(task)
+        task.add_done_callback(self._saying.discard)
 
     async def _say_dropped(self, token_hash: str) -> None:
         """Count this gateway among those that dropped ``token_hash``: the revocation waits for all of them."""

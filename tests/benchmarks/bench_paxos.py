@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import subprocess
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from infra.config.settings import Settings
 from infra.stores.records import Records
 from infra.stores.session import AsyncSession, connect
+from tests.benchmarks.profiling import cpu_seconds
 
 KEYSPACE = "parley_bench_paxos"
 HELPER = Path(__file__).with_name("PaxosVariant.java")
@@ -37,16 +37,6 @@ def variant(port: int, value: str | None = None) -> str:
     """The live Paxos variant (set first when ``value`` is given), over Cassandra's local JMX port."""
     args = ["java", str(HELPER), str(port)] + ([value] if value else [])
     return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def cassandra_pid() -> int:
-    listed = subprocess.run(["pgrep", "-af", "CassandraDaemon"], capture_output=True, text=True).stdout
-    return next(int(line.split()[0]) for line in listed.splitlines() if line.split()[1].endswith("java"))
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ledger_tables(session: object) -> None:
@@ -67,9 +57,9 @@ async def timed(pid: int, work: Callable[[int], Awaitable[object]], count: int, 
             await work(i)
 
     await asyncio.gather(*(one(-i - 1) for i in range(20)))  # warm
-    before = cpu_s(pid)
+    before = cpu_seconds(pid)
     await asyncio.gather(*(one(i) for i in range(count)))
-    cpu_ms = (cpu_s(pid) - before) / count * 1000
+    cpu_ms = (cpu_seconds(pid) - before) / count * 1000
     began = time.perf_counter()
     for i in range(count // 10):
         await work(count + i)
@@ -82,7 +72,8 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     settings = Settings.from_env()
-    port, pid = settings.ports.cassandra_jmx, cassandra_pid()
+    port = settings.ports.cassandra_jmx
+    pid = int((settings.state_dir / "run" / "cassandra.pid").read_text().split()[0])  # parley up's
     found = variant(port)
     cluster, session = connect(settings, keyspace=None)
     session.execute(f"CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = "
