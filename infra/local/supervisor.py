@@ -12,6 +12,11 @@ A restarted backbone process finds its data as the dead one left it: Redis repla
 (a torn last write is dropped, ``aof-load-truncated``), Kafka recovers its log segments after an unclean
 shutdown, Cassandra replays its commit log; none keeps a pid or lock file of its own that outlives it.
 
+The log stays bounded (``trim_log``): past ``LOG_MAX_BYTES`` the supervisor copies it to ``<log>.1`` (dropping the
+copy before) and truncates it, every process of the tree writing on where the file now ends (they append). A
+broker that logs every group a load test makes grew its log to a gigabyte; no writer is stopped or reopened, and
+only lines written between the copy and the truncation (microseconds) are lost.
+
 When the child exits without the supervisor having been told to stop, it is started again after a
 backoff (1 s, doubling to 30 s; back to 1 s once a run lasted a minute). Each restart is logged and
 counted in ``<state>/run/<name>.restarts.json``, which `parley status` shows.
@@ -29,7 +34,9 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
+import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -41,6 +48,27 @@ from infra.local.services.process import write_pid
 FIRST_DELAY_S, MAX_DELAY_S, HEALTHY_AFTER_S = 1.0, 30.0, 60.0
 LEFTOVER_GRACE_S = 5.0  # SIGTERM to what the dead child left, then SIGKILL
 PR_SET_CHILD_SUBREAPER = 36
+LOG_MAX_BYTES = 64 << 20  # a service's log is moved to <log>.1 past this (so at most twice this on disk)
+LOG_CHECK_S = 30.0
+
+
+def trim_log(fd: int = 1, max_bytes: int = LOG_MAX_BYTES) -> Path | None:
+    """When ``fd`` (the log every process of the tree appends to) is a file past ``max_bytes``, copy it to
+    ``<log>.1`` and truncate it; the path copied to, or None. The writers opened it to append (``process.start``),
+    so each goes on at the file's new end; nothing is reopened."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size <= max_bytes:
+        return None
+    path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    if not path.is_absolute() or not path.exists():  # deleted, or not a path this process can name
+        return None
+    kept = path.with_name(path.name + ".1")
+    with path.open("rb") as src, kept.open("wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+        while chunk := src.read(1 << 20):  # what was appended during the copy
+            dst.write(chunk)
+        os.ftruncate(fd, 0)
+    return kept
 
 
 def become_subreaper() -> bool:
@@ -157,7 +185,23 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 self.child.send_signal(sig)
 
+    async def trim_logs(self) -> None:
+        while True:
+            await asyncio.sleep(LOG_CHECK_S)
+            try:
+                if (kept := trim_log()) is not None:
+                    self.say(f"log past {LOG_MAX_BYTES >> 20} MiB: the earlier lines are in {kept}")
+            except OSError as exc:  # a full disk, a log removed by hand: the service runs on, the log unbounded
+                self.say(f"could not trim the log: {exc}")
+
     async def run(self) -> int:
+        trimming = asyncio.create_task(self.trim_logs())
+        try:
+            return await self._run()
+        finally:
+            trimming.cancel()
+
+    async def _run(self) -> int:
         delay = FIRST_DELAY_S
         self.save()
         while True:

@@ -190,6 +190,15 @@ def test_log_watch_reads_only_new_lines_and_partial_ones(tmp_path: Path) -> None
     assert not LogWatch(tmp_path / "missing.log").seen("x")
 
 
+def test_log_watch_reads_a_trimmed_log_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "w.log"
+    log.write_text("x" * 500 + "\nloading\n")
+    watch = LogWatch(log, log.stat().st_size)
+    assert not watch.seen("worker ready")
+    log.write_text("worker ready pool=x\n")  # its supervisor kept the log in w.log.1 and truncated it
+    assert watch.seen("worker ready")
+
+
 def test_watch_since_last_start_ignores_earlier_runs(tmp_path: Path) -> None:
     log = tmp_path / "w.log"
     b = process.START_BANNER

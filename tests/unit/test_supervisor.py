@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra.local.supervisor import FIRST_DELAY_S, MAX_DELAY_S, next_delay, read_restarts
+from infra.local.supervisor import FIRST_DELAY_S, MAX_DELAY_S, next_delay, read_restarts, trim_log
 
 
 def test_backoff_doubles_to_the_cap_and_resets_after_a_healthy_run() -> None:
@@ -94,3 +94,35 @@ def test_what_a_killed_child_leaves_behind_is_stopped_before_the_restart(tmp_pat
         if sup.poll() is None:
             os.killpg(sup.pid, signal.SIGKILL)
         log.close()
+
+
+def test_a_log_past_its_cap_is_kept_once_and_its_writers_go_on_at_its_new_end(tmp_path: Path) -> None:
+    path = tmp_path / "svc.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # as process.start opens it
+    other = os.open(path, os.O_WRONLY | os.O_APPEND)  # a second writer of the tree (vLLM's engine core)
+    try:
+        os.write(fd, b"a" * 60 + b"\n")
+        assert trim_log(fd, max_bytes=100) is None  # under the cap: left alone
+        os.write(other, b"b" * 60 + b"\n")
+        kept = trim_log(fd, max_bytes=100)
+        assert kept == tmp_path / "svc.log.1"
+        assert kept.read_bytes() == b"a" * 60 + b"\n" + b"b" * 60 + b"\n"
+        assert path.stat().st_size == 0
+        os.write(other, b"after\n")
+        os.write(fd, b"more\n")
+        assert path.read_bytes() == b"after\nmore\n"  # appended at the new end: no hole of the old length
+        os.write(fd, b"c" * 200)
+        assert trim_log(fd, max_bytes=100) == kept and kept.read_bytes() == b"after\nmore\n" + b"c" * 200
+    finally:
+        os.close(fd)
+        os.close(other)
+
+
+def test_a_pipe_or_terminal_is_not_trimmed() -> None:
+    read, write = os.pipe()
+    try:
+        os.write(write, b"x" * 200)
+        assert trim_log(write, max_bytes=100) is None
+    finally:
+        os.close(read)
+        os.close(write)

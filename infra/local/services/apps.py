@@ -224,6 +224,8 @@ class LogWatch:
             return True
         try:
             with self.path.open("rb") as fh:
+                if os.fstat(fh.fileno()).st_size < self.offset:  # trimmed by its supervisor: read it anew
+                    self.offset, self._partial = 0, b""
                 fh.seek(self.offset)
                 data = fh.read()
         except OSError:
