@@ -8,7 +8,7 @@ topics or consumer groups (the idle service of ``parley up`` beside it is left o
 topics) per chat request the load completed, the load generator's own tap apart, and the broker's own counters
 (``RequestsPerSec``) over the same window as a check.
 
-    python -m tests.benchmarks.bench_kafka_requests [--duration 20] [--jmx-port 9997]
+    python -m tests.benchmarks.bench_kafka_requests [--duration 20] [--jmx-port 9997] [--paid-share 0.5]
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,22 @@ def ensure_agent(pid: int, port: int) -> None:
 
 def counts(port: int) -> Counter[str]:
     return Counter({k: int(v) for k, v in (line.split() for line in jmx(port, "counts").splitlines())})
+
+
+def logged_since(path: Path, offset: int, since: float) -> str:
+    """What the broker logged from ``offset`` on, also when its supervisor moved the log to ``<log>.1`` meanwhile
+    (it keeps each log under 64 MiB, and the request log at DEBUG writes that in a minute)."""
+    kept = path.with_name(path.name + ".1")
+    parts = []
+    if kept.exists() and kept.stat().st_mtime >= since:
+        with kept.open("rb") as f:
+            f.seek(offset)
+            parts.append(f.read())
+        offset = 0
+    with path.open("rb") as f:
+        f.seek(offset)
+        parts.append(f.read())
+    return b"".join(parts).decode(errors="replace")
 
 
 def requests_in(log: str, prefix: str) -> Counter[tuple[str, str]]:
@@ -77,24 +94,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--jmx-port", type=int, default=9997)
+    parser.add_argument("--paid-share", type=float, default=0.5,
+                        help="share of paid users (a free reply's text is released a checked sentence at a time)")
     args = parser.parse_args()
     settings = Settings.from_env()
     pid = int((settings.state_dir / "run" / "kafka.pid").read_text().split()[0])
     log_path = settings.state_dir / "logs" / "kafka.log"
     ensure_agent(pid, args.jmx_port)
     summary = Path(tempfile.mkdtemp()) / "summary.json"
-    before, start = counts(args.jmx_port), log_path.stat().st_size
+    before, start, began = counts(args.jmx_port), log_path.stat().st_size, time.time()
     jmx(args.jmx_port, "log", LOGGER, "DEBUG")
     try:
         played = subprocess.run([sys.executable, "-m", "infra.local.cli", "loadtest", "--scenario", "replica",
-                                 "--duration", str(args.duration), "--summary", str(summary)],
+                                 "--duration", str(args.duration), "--paid-share", str(args.paid_share),
+                                 "--summary", str(summary)],
                                 capture_output=True, text=True, check=True)
     finally:
         jmx(args.jmx_port, "log", LOGGER, "WARN")  # as infra/local/kafka/log4j2.properties sets it
     after = counts(args.jmx_port)
-    with log_path.open("rb") as f:
-        f.seek(start)
-        log = f.read().decode(errors="replace")
+    log = logged_since(log_path, start, began)
     prefix = re.search(r"private service (\w+) ready", played.stdout + played.stderr, re.IGNORECASE)
     if prefix is None:
         raise SystemExit("the load test named no private service")
