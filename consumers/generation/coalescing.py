@@ -72,11 +72,15 @@ class Coalescer:
     def empty(self) -> bool:
         return not self._ids and not any(self._text)
 
-    def due(self, now: float, urgent: bool = False, window: bool = True) -> bool:
+    def due(self, now: float, urgent: bool = False, window: bool = True, held: bool = False) -> bool:
         """Whether what is gathered should become a record now; ``window=False``: not for its window's sake (the
-        clock flushes it with the others)."""
+        clock flushes it with the others); ``held``: the output check holds the text until its chunk passes, so a
+        record made sooner is shown no sooner, and one is made when it is urgent (the chunk complete, a finish,
+        a cancel): a record a chunk, not one a window."""
         if self.empty:
             return False
+        if held:
+            return urgent
         return (urgent or self._last_flush is None or self.policy.per_step
                 or len(self._ids) >= self.policy.max_tokens
                 or (window and now - self._last_flush >= self.policy.window_s))

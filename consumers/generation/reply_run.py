@@ -170,9 +170,10 @@ class ReplyRun:
                 crew.metrics.tokens.inc(took.tokens)
                 lane_tokens.inc(took.tokens)
             # What the safety check reads is in records before it decides (held back or already shown, as
-            # the plan says); a finish or a cancel goes out at once.
+            # the plan says); a finish or a cancel goes out at once. Text held until its chunk passes makes one
+            # record a chunk: a record a window would be shown no sooner.
             if state.due(now, urgent=out.finished or check or req.generation_id in crew.cancels,
-                         window=self._by_window()):
+                         window=self._by_window(), held=guard is not None and guard.holds):
                 await self._flush(now)
             if took.gap_s is not None:
                 crew.metrics.itl.observe(took.gap_s)

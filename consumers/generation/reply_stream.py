@@ -61,8 +61,8 @@ class ReplyStream:
         self.last_output_at = now
         return Took(first, announce, gap is not None and gap > FENCE_CHECK_GAP_S, gap, len(out.token_ids))
 
-    def due(self, now: float, urgent: bool, window: bool = True) -> bool:
-        return self.batch.due(now, urgent=urgent, window=window)
+    def due(self, now: float, urgent: bool, window: bool = True, held: bool = False) -> bool:
+        return self.batch.due(now, urgent=urgent, window=window, held=held)
 
     @property
     def gathered(self) -> bool:

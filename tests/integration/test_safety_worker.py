@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from consumers.safety.output import SENTENCE_END
 from infra.config.settings import Settings
 from infra.local.topology import ensure_topics
 from infra.stores import keys
@@ -54,10 +55,11 @@ def worker(stack_settings: Settings, rules_file: Path) -> Iterator[tuple[Service
         svc.stop()
 
 
-async def _generate(svc: Service, lane: str, max_tokens: int = 64) -> list[tuple[int, object]]:
+async def _generate(svc: Service, lane: str, max_tokens: int = 64,
+                    question: str = QUESTION) -> list[tuple[int, object]]:
     """Send one request and return its chat.tokens events (offset, event) up to its finish."""
     settings, topics = svc.settings, Topics(svc.settings.topic_prefix)
-    req = _request(_prompt(QUESTION), lane, max_tokens)
+    req = _request(_prompt(question), lane, max_tokens)
     reader = await tail(settings.kafka_bootstrap, topics.tokens)
     producer = make_producer(settings.kafka_bootstrap)
     await producer.start()
@@ -113,6 +115,20 @@ async def test_hold_back_1_never_shows_the_flagged_sentence(worker: tuple[Servic
     assert any(isinstance(e, GenerationStarted) for _, e in events)
     assert finished.status == "blocked" and finished.last_seq == -1
     assert finished.usage.completion_tokens > 0  # produced, never shown, still counted
+
+
+async def test_held_text_passed_by_its_check_comes_a_record_a_chunk(worker: tuple[Service, Proc]) -> None:
+    """The free plan's text is shown only once its chunk passes the check, so it is written a record a chunk:
+    a record a flush window would be shown no sooner, and cost a record and an event each."""
+    svc, _ = worker
+    events = await _generate(svc, "free", question="What is the capital of France?", max_tokens=40)
+    steps, retracted, finished = _parts(events)
+    assert retracted is None and finished.status in ("complete", "length") and len(steps) >= 2
+    assert "".join(s.text for s in steps) == finished.text
+    assert sum(len(s.token_ids) for s in steps) == finished.usage.completion_tokens
+    chunk_tokens = 8  # tests/integration/data/safety.toml, plans.free
+    for s in steps[:-1]:  # each a whole chunk: its token count reached, or a sentence ended
+        assert len(s.token_ids) >= chunk_tokens or SENTENCE_END.search(s.text), (s.seq, len(s.token_ids), s.text)
 
 
 async def test_new_rules_apply_without_restarting_the_worker(worker: tuple[Service, Proc], rules_file: Path) -> None:

@@ -47,3 +47,15 @@ def test_per_step_makes_a_record_of_every_output() -> None:
     c.take(0.0001)
     c.add(out((), ""))
     assert c.empty and not c.due(5.0)  # an output with nothing in it is never a record
+
+
+def test_text_held_for_its_check_makes_one_record_a_chunk_not_one_a_window() -> None:
+    c = Coalescer(FlushPolicy(window_s=0.1, max_tokens=4))
+    now = 0.0
+    for i in range(1, 12):  # the first output, windows passed and more than max_tokens: none of them is due
+        c.add(out((i,), f" w{i}"))
+        assert not c.due(now, held=True)
+        now += 0.036
+    assert c.due(now, urgent=True, held=True)  # the chunk is complete (or a finish, a cancel)
+    assert c.take(now).token_ids == list(range(1, 12))
+    assert not c.due(now + 1.0, urgent=True, held=True)  # nothing gathered
