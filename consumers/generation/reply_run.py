@@ -169,11 +169,13 @@ class ReplyRun:
             if took.tokens:
                 crew.metrics.tokens.inc(took.tokens)
                 lane_tokens.inc(took.tokens)
-            # What the safety check reads is in records before it decides (held back or already shown, as
-            # the plan says); a finish or a cancel goes out at once. Text held until its chunk passes makes one
-            # record a chunk: a record a window would be shown no sooner.
-            if state.due(now, urgent=out.finished or check or req.generation_id in crew.cancels,
-                         window=self._by_window(), held=guard is not None and guard.holds):
+            # A finish or a cancel goes out at once. Text held until its chunk passes is a record a chunk (a
+            # record a window would be shown no sooner), made before the check decides, so that passing it
+            # shows it. Text shown at once (hold-back 0) keeps its window: a chunk the check flags before its
+            # window has passed is never shown at all, and one it passes goes out with the others at the tick.
+            held = guard is not None and guard.holds
+            if state.due(now, urgent=out.finished or (check and held) or req.generation_id in crew.cancels,
+                         window=self._by_window(), held=held):
                 await self._flush(now)
             if took.gap_s is not None:
                 crew.metrics.itl.observe(took.gap_s)

@@ -92,17 +92,19 @@ async def test_hold_back_0_shows_the_text_then_retracts_it_and_stops_at_once(wor
     events = await _generate(svc, "paid")  # the rules' paid plan: hold-back 0
     steps, retracted, finished = _parts(events)
     shown = "".join(s.text for s in steps)
-    assert "solar system" in shown.lower()  # shown at once, checked after
+    # Shown a flush window at a time, checked a chunk at a time: the flagged chunk is withdrawn whether or not
+    # its window had passed (what had not is never shown at all).
+    assert steps and "largest planet" in shown.lower()
     assert retracted is not None and retracted.block.category == "astronomy"
     assert retracted.block.rules_version == "it-1" and retracted.last_seq == steps[-1].seq
     offsets = {id(e): o for o, e in events}
     assert all(offsets[id(s)] < offsets[id(retracted)] for s in steps)  # nothing appended after the cut
     assert (finished.status, finished.text, finished.block) == ("blocked", retracted.notice, retracted.block)
     assert "solar" not in finished.text.lower()
-    # Stopped within one step: every token the engine made was appended (none ran after the verdict),
-    # the reply ended long before its cap, and exactly those tokens are counted for the bill.
+    # Stopped within one step: the reply ended at the flagged chunk, long before its cap, and every token the
+    # engine made is counted for the bill, shown or not.
     made = sum(len(s.token_ids) for s in steps)
-    assert finished.usage.completion_tokens == made and made < 20 and "Jupiter" not in shown
+    assert made <= finished.usage.completion_tokens < 20 and "Jupiter" not in shown
     assert await redis_client.get(keys.generation_retracted(finished.generation_id)) == str(  # type: ignore[attr-defined]
         retracted.last_seq).encode()
 
