@@ -88,6 +88,7 @@ class ReplyRun:
                                  crew.flush)
         self.guard: OutputGuard | None = (crew.safety.start(req.plan, req.purpose) if crew.safety is not None
                                           else None)
+        self.held = self.guard is not None and self.guard.holds  # its text waits for the check, a chunk at a time
         self.pending: list[asyncio.Future[Any]] = []  # handed to the producer, not acknowledged yet
         self._order = asyncio.Lock()  # the loop's flushes and the clock's: records handed over in seq order
         self._late: BaseException | None = None  # the clock's flush failed: raised in the loop at its next output
@@ -134,10 +135,10 @@ class ReplyRun:
     async def _run(self) -> Ran | None:
         """The engine loop: each output counted, recorded when due, checked when its chunk is complete. None when
         this worker found itself fenced off (paused past its lease: SIGSTOP, a long GC)."""
-        crew, req, gen, guard = self.crew, self.req, self.gen, self.guard
+        crew, req, gen = self.crew, self.req, self.gen
         sampling = for_request(req, saved_tokens=len(self.saved.token_ids), max_tokens=gen.max_tokens)
         lane_tokens = crew.metrics.lane_tokens.labels(pool=crew.limits.pool, lane=req.lane)  # once, not per output
-        if guard is None or not guard.holds:  # held-back text waits for its check, not for the clock
+        if not self.held:  # held-back text waits for its check, not for the clock
             crew.clock.follow(self)
             self._on_clock = True
         try:
@@ -173,9 +174,8 @@ class ReplyRun:
             # record a window would be shown no sooner), made before the check decides, so that passing it
             # shows it. Text shown at once (hold-back 0) keeps its window: a chunk the check flags before its
             # window has passed is never shown at all, and one it passes goes out with the others at the tick.
-            held = guard is not None and guard.holds
-            if state.due(now, urgent=out.finished or (check and held) or req.generation_id in crew.cancels,
-                         window=self._by_window(), held=held):
+            if state.due(now, urgent=out.finished or (check and self.held) or req.generation_id in crew.cancels,
+                         window=self._by_window(), held=self.held):
                 await self._flush(now)
             if took.gap_s is not None:
                 crew.metrics.itl.observe(took.gap_s)
@@ -242,7 +242,7 @@ class ReplyRun:
             if not self.state.gathered or (clocked and not self._on_clock):
                 return  # the other flush took it while this waited, or the loop ended meanwhile
             step = self.state.record(now, self.crew.fence.epoch(self.gid))
-            if self.guard is not None and self.guard.holds:
+            if self.held and self.guard is not None:
                 self.guard.hold(step)  # shown once its chunk has passed the check
                 return
             self.pending.append(await self._append(step))

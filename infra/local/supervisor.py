@@ -64,9 +64,7 @@ def trim_log(fd: int = 1, max_bytes: int = LOG_MAX_BYTES) -> Path | None:
         return None
     kept = path.with_name(path.name + ".1")
     with path.open("rb") as src, kept.open("wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-        while chunk := src.read(1 << 20):  # what was appended during the copy
-            dst.write(chunk)
+        shutil.copyfileobj(src, dst, 1 << 20)  # to the end, what was appended during the copy included
         os.ftruncate(fd, 0)
     return kept
 
