@@ -66,7 +66,11 @@ async def test_a_reply_that_says_flagged_text_is_retracted_everywhere(service: S
         assert r.status_code == 200
         live = await collect(r)
     names = [f.event for f in live]
-    assert "solar system" in text_of(live).lower()  # hold-back 0: shown at once, checked after
+    # Hold-back 0 shows text as it comes and checks each chunk after: the start of the answer is shown; the
+    # flagged words may or may not be, as the check ends before or after the flush window that would show them.
+    shown = text_of(live).lower()
+    answer = "the largest planet in our solar system"
+    assert shown and (answer.startswith(shown) or shown.startswith(answer)), shown
     assert names[-2:] == ["retracted", "message_end"] and names.index("retracted") > max(
         i for i, n in enumerate(names) if n == "delta")
     assert live[-2].data == {"notice": NOTICE}
