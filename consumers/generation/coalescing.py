@@ -20,6 +20,9 @@ class FlushPolicy:
     max_tokens: int = 16
     on_time: bool = True  # flushed by the worker's clock too (flush_clock.py), not only when an output arrives
     together: bool = True  # the clock flushes replies in groups, each a window apart (else each on its own window)
+    # The engine hands a reply's tokens over every this many (the first and the last at once; vLLM's
+    # stream_interval); 0: as many steps as fit in most of a window at the engine's recent pace (``Pace``).
+    stream_interval: int = 0
 
     @property
     def per_step(self) -> bool:
@@ -40,6 +43,31 @@ class FlushPolicy:
 
 
 TOGETHER_GROUPS = 4  # one burst a window made every reader's work arrive at once (see flush_clock.py)
+PACE_SHARE = 0.5  # of a window, what a reply's hand-overs may take: each flush tick still gets at least one
+PACE_WEIGHT = 0.05  # of each new gap in the engine's pace (an exponentially weighted mean over ~20 outputs)
+
+
+@dataclass
+class Pace:
+    """The engine's recent time per token, from the gaps between a worker's outputs, and the stream interval it
+    implies: the worker wakes, counts and checks once per hand-over, so handing over every few tokens saves that
+    work per token, while a reply's tokens still reach every flush window (records and their gaps unchanged)."""
+
+    step_s: float | None = None
+
+    def took(self, gap_s: float, tokens: int) -> None:
+        if tokens <= 0 or gap_s <= 0:
+            return
+        per_token = gap_s / tokens
+        self.step_s = per_token if self.step_s is None else self.step_s + PACE_WEIGHT * (per_token - self.step_s)
+
+    def interval(self, policy: FlushPolicy) -> int:
+        """The stream interval a reply starting now asks of the engine."""
+        if policy.stream_interval > 0:
+            return policy.stream_interval
+        if policy.per_step or not self.step_s:
+            return 1
+        return max(1, min(policy.max_tokens, int(PACE_SHARE * policy.window_s / self.step_s)))
 PER_STEP = FlushPolicy(window_s=0.0, max_tokens=1, on_time=False)  # a record for every engine output
 
 

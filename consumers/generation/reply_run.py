@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
 from aiokafka.errors import KafkaError
 
 from consumers.generation.appending import Appender
 from consumers.generation.cancels import Cancels
-from consumers.generation.coalescing import FlushPolicy
+from consumers.generation.coalescing import FlushPolicy, Pace
 from consumers.generation.decisions import Generate, Limits, finished_event, status_for
 from consumers.generation.engine import EngineDead
 from consumers.generation.fencing import Fence
@@ -60,6 +61,7 @@ class Crew(Protocol):
     redis: Any
     flush: FlushPolicy
     clock: FlushClock
+    pace: Pace
 
     async def seal(self, event: Any) -> Any: ...
 
@@ -136,7 +138,9 @@ class ReplyRun:
         """The engine loop: each output counted, recorded when due, checked when its chunk is complete. None when
         this worker found itself fenced off (paused past its lease: SIGSTOP, a long GC)."""
         crew, req, gen = self.crew, self.req, self.gen
-        sampling = for_request(req, saved_tokens=len(self.saved.token_ids), max_tokens=gen.max_tokens)
+        sampling = msgspec.structs.replace(for_request(req, saved_tokens=len(self.saved.token_ids),
+                                                       max_tokens=gen.max_tokens),
+                                           stream_interval=crew.pace.interval(crew.flush))
         lane_tokens = crew.metrics.lane_tokens.labels(pool=crew.limits.pool, lane=req.lane)  # once, not per output
         if not self.held:  # held-back text waits for its check, not for the clock
             crew.clock.follow(self)
@@ -177,8 +181,9 @@ class ReplyRun:
             if state.due(now, urgent=out.finished or (check and self.held) or req.generation_id in crew.cancels,
                          window=self._by_window(), held=self.held):
                 await self._flush(now)
-            if took.gap_s is not None:
-                crew.metrics.itl.observe(took.gap_s)
+            if took.gap_s is not None and took.tokens:  # a hand-over of several tokens: the gap per token
+                crew.metrics.itl.observe(took.gap_s / took.tokens)
+                crew.pace.took(took.gap_s, took.tokens)
             if check and guard is not None:
                 blocked = await self._checked(guard)
                 if blocked is not None:

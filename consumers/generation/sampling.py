@@ -32,6 +32,7 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the sampled token's only; k: plus the k most likely
     response_format: ResponseFormat | None = None
+    stream_interval: int = 1  # tokens the engine gathers before handing them over (the first and last at once)
 
 
 GREEDY = Sampling()
@@ -61,7 +62,7 @@ def vllm_kwargs(s: Sampling) -> dict[str, Any]:
         "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p, "seed": s.seed,
         "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
         "repetition_penalty": s.repetition_penalty, "min_tokens": s.min_tokens, "ignore_eos": s.ignore_eos,
-        "logprobs": s.logprobs,
+        "logprobs": s.logprobs, "stream_interval": s.stream_interval,
         # The stop text itself is never part of the reply: vLLM cuts before it and holds back the
         # characters that might start one, so no delta ever carries a stop string.
         "stop": list(s.stop) or None, "include_stop_str_in_output": False,

@@ -6,7 +6,8 @@ the whole pipeline (gateway, stages, worker, Kafka, Cassandra) run at GPU rates 
 ~5,000 tokens a second for 183 streams, as the seeds' does.
 
 ``SimCore`` (sim_core.py) decides and prices each step in virtual time; this module is its transport: one
-asyncio task runs a step, sleeps its duration on an absolute schedule, then hands each sequence its token.
+asyncio task runs a step, sleeps its duration on an absolute schedule, then hands each sequence its token
+(or, with the request's ``stream_interval``, its tokens every that many, as vLLM does).
 Replies are deterministic (the request's seed, else its prompt) and made of real token ids of the pool's
 tokenizer, so counts and text match what a model of that vocabulary would produce; their length is about
 ``reply_tokens``, capped by ``max_tokens``. Its own CPU is measured apart (``sim_stats``): the thread time
@@ -105,6 +106,8 @@ class SimEngine:
         self._text = TokenText(tokenizer)
         self._queues: dict[str, asyncio.Queue[StepOutput]] = {}
         self._logprobs: dict[str, int] = {}
+        self._intervals: dict[str, int] = {}  # a request's stream interval, where above 1
+        self._unsent: dict[str, list[int]] = {}  # its tokens made since the last hand-over
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._dead: EngineDead | None = None
@@ -146,6 +149,8 @@ class SimEngine:
         self._queues[request_id] = queue
         if sampling.logprobs is not None:
             self._logprobs[request_id] = sampling.logprobs
+        if sampling.stream_interval > 1:
+            self._intervals[request_id] = sampling.stream_interval
         self.core.add(request_id, prompt_token_ids, reply, reason, priority)
         self._kick()
         finished = False
@@ -159,6 +164,8 @@ class SimEngine:
         finally:
             self._queues.pop(request_id, None)
             self._logprobs.pop(request_id, None)
+            self._intervals.pop(request_id, None)
+            self._unsent.pop(request_id, None)
             if not finished:  # the caller walked away: free the sequence at the next step
                 self.core.abort(request_id)
                 self._kick()
@@ -253,6 +260,16 @@ class SimEngine:
         if queue is None:
             return
         self.tokens += len(token_ids)
+        interval = self._intervals.get(seq.request_id)
+        if interval is not None:  # as vLLM's: the first at once, then every interval, the last at once
+            unsent = self._unsent.get(seq.request_id)
+            if unsent is None:
+                self._unsent[seq.request_id] = []
+            else:
+                unsent.extend(token_ids)
+                if reason is None and len(unsent) < interval:
+                    return
+                token_ids, self._unsent[seq.request_id] = tuple(unsent), []
         k = self._logprobs.get(seq.request_id)
         queue.put_nowait(StepOutput(
             request_id=seq.request_id, token_ids=token_ids, text=self._text.text(token_ids),

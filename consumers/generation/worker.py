@@ -29,7 +29,7 @@ from consumers.generation import assignor
 from consumers.generation.announce import Announcer
 from consumers.generation.appending import Appender
 from consumers.generation.cancels import Cancels
-from consumers.generation.coalescing import FlushPolicy
+from consumers.generation.coalescing import FlushPolicy, Pace
 from consumers.generation.decisions import (
     STALE_REQUEST_S,
     Finish,
@@ -82,6 +82,7 @@ class GenerationWorker:
         (consumers/generation/standin.py); "" for one of the pool's own replicas."""
         self.on_ready, self.sealer, self.flush, self.stand_in_from = on_ready, sealer, flush, stand_in_from
         self.clock = FlushClock(flush)
+        self.pace = Pace()  # the engine's recent time per token: each reply's stream interval
         self.sealing: set[str] = set()  # generations whose request came sealed: their tokens leave sealed
         self.settings, self.limits, self.engine, self.capacity = settings, limits, engine, capacity
         self.worker_id = worker_id or f"{limits.pool}-{socket.gethostname()}-{os.getpid()}"

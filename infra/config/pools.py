@@ -36,6 +36,7 @@ ENV_FIELDS = {
     "FLUSH_TOKENS": "flush_tokens",
     "FLUSH_ON_TIME": "flush_on_time",
     "FLUSH_TOGETHER": "flush_together",
+    "STREAM_INTERVAL": "stream_interval",
     "ROUTING": "routing",
     "TOOL_PARSER": "tool_parser",
 }
@@ -102,6 +103,10 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # Kafka request a tick, not one per reply's window); false: each reply once its own window has passed (a
     # tick every 10 ms).
     flush_together: bool = True
+    # The engine hands the worker a reply's tokens every stream_interval tokens (its first and its last at once),
+    # as vLLM's --stream-interval: the worker wakes, counts and checks once per hand-over, not once per token.
+    # 0: as many as the engine's recent pace fits in half the flush window, so every flush tick still finds tokens.
+    stream_interval: int = 0
     engine: Literal["vllm", "sim"] = "vllm"  # sim: the simulated engine, for load tests and capacity planning
     sim: SimConfig = SimConfig()  # read only when engine = "sim"
     # "hermes": the model writes <tool_call> JSON blocks when it decides to call a function (tool_choice auto);
@@ -260,6 +265,8 @@ def _build(name: str, merged: dict[str, Any], settings: Settings, path: Path, on
                               ) from exc
     if pool.max_num_seqs < 1 or pool.max_model_len < 1 or pool.kv_cache_gib <= 0:
         raise PoolConfigError(f"pool {name!r}: max_num_seqs, max_model_len and kv_cache_gib must be positive")
+    if pool.stream_interval < 0:
+        raise PoolConfigError(f"pool {name!r}: stream_interval is a count of tokens, or 0 for the engine's pace")
     sim = pool.sim
     if min(sim.weights_gb, sim.hbm_tb_per_s, sim.kv_kb_per_token, sim.free_gb, sim.transfer_gb_per_s) <= 0 \
             or sim.block_size < 1 or sim.prefill_chunk < 0 or sim.reply_tokens < 1 or sim.prefill_s_per_1k < 0:

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--users", type=int, default=None, help="users to create (default: enough for the load)")
     parser.add_argument("--paid-share", type=float, default=0.5, help="share of paid users")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stream-interval", type=int, default=None,
+                        help="--scenario: every pool's engine hands over a reply's tokens this often (default: "
+                             "each scenario's own)")
     parser.add_argument("--keyspace", default=KEYSPACE, help="--scenario: the private service's keyspace")
     parser.add_argument("--summary", type=Path, default=None, help="--scenario: also write the summary here")
 
@@ -94,6 +97,8 @@ def _target(svc: PrivateService, settings: Settings) -> loadrun.Target:
 async def _scenario(args: argparse.Namespace) -> int:
     knobs = scenarios.Knobs(args.duration, args.rate_scale, args.seed)
     steps = scenarios.SCENARIOS[args.scenario](knobs)
+    if args.stream_interval is not None:
+        steps = [scenarios.with_stream_interval(step, args.stream_interval) for step in steps]
     settings, rows, svc, spec, previous = Settings.from_env(), [], None, None, None
     try:
         for step in steps:
@@ -134,8 +139,8 @@ async def _restart(svc: PrivateService | None, spec: ServiceSpec, keyspace: str)
 
 
 def _pools_json(spec: ServiceSpec) -> dict[str, Any]:
-    return {n: {"workers": p.workers, "max_num_seqs": p.max_num_seqs, "sim": p.sim, "routing": p.routing}
-            for n, p in spec.pools.items()}
+    return {n: {"workers": p.workers, "max_num_seqs": p.max_num_seqs, "sim": p.sim, "routing": p.routing,
+                "stream_interval": p.stream_interval} for n, p in spec.pools.items()}
 
 
 def _conclude(name: str, rows: list[dict[str, Any]], steps: list[scenarios.Step], also: Path | None) -> None:

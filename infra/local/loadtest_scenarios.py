@@ -37,6 +37,12 @@ class Knobs:
     seed: int = 0
 
 
+def with_stream_interval(step: Step, interval: int) -> Step:
+    """The step with every pool's engine handing over a reply's tokens every ``interval`` tokens."""
+    pools = {name: replace(pool, stream_interval=interval) for name, pool in step.service.pools.items()}
+    return replace(step, service=replace(step.service, pools=pools))
+
+
 def _shape(load: Load, knobs: Knobs) -> Load:
     phases = tuple(Phase(min(p.seconds, knobs.duration_s or p.seconds), p.rate * knobs.rate_scale)
                    for p in load.phases)

@@ -54,7 +54,7 @@ async def _serve(settings: Settings, pool: PoolConfig, args: argparse.Namespace)
                               else args.metrics_port, metrics_host=args.metrics_host, classifier=classifier,
                               sealer=sealer,
                               flush=FlushPolicy(pool.flush_ms / 1000, pool.flush_tokens, pool.flush_on_time,
-                                                pool.flush_together),
+                                                pool.flush_together, pool.stream_interval),
                               on_ready=lambda w: print(f"worker ready pool={pool.name} "
                                                        f"metrics_port={w.metrics_port}", flush=True))
     sealer.keys.start()  # heard from the first request on, so a live key is read once
@@ -103,7 +103,8 @@ def _stand_ins(settings: Settings, pools: dict[str, Any], pool: Any, engine: Any
                                 capacity or pool.held_requests, worker_id=f"{worker.worker_id}+{name}",
                                 classifier=classifier, sealer=worker.sealer, stand_in_from=pool.name,
                                 flush=FlushPolicy(other.flush_ms / 1000, other.flush_tokens,
-                                                  other.flush_on_time, other.flush_together))
+                                                  other.flush_on_time, other.flush_together,
+                                                  other.stream_interval))
 
     watch = StandIns(aioredis.Redis.from_url(settings.redis_url),
                      {name: topics.group(GENERATION, name) for name in covered}, make, worker.engine_died)

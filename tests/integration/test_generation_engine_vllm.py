@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from consumers.generation.engine import RequestRejected, StepOutput, VllmEngine
+from consumers.generation.sampling import Sampling
 from infra.config.settings import Settings
 from infra.local.model import ready_pool as load_pool
 from tests.tools import needs_engine
@@ -61,6 +62,23 @@ async def test_abort_mid_stream_ends_it_early(engine: VllmEngine) -> None:
 
     assert steps[-1].finished and steps[-1].finish_reason == "abort"
     assert sum(len(s.token_ids) for s in steps) < max_tokens
+
+
+async def test_a_stream_interval_hands_over_tokens_several_at_a_time_with_the_same_reply(engine: VllmEngine) -> None:
+    """vLLM's own stream interval, asked per request (``Sampling.stream_interval``): the first token at once, then
+    every interval, the last at once; the same greedy tokens, text and logprobs as a token at a time."""
+    prompt, outputs = engine.apply_chat_template(STORY), {}
+    for interval in (1, 4):
+        sampling = Sampling(ignore_eos=True, logprobs=1, stream_interval=interval)
+        async with asyncio.timeout(120):
+            outputs[interval] = [out async for out in engine.generate(uuid.uuid4().hex, prompt, 22, 0, sampling)]
+    one, four = outputs[1], outputs[4]
+    assert [len(o.token_ids) for o in one] == [1] * 22
+    assert [len(o.token_ids) for o in four] == [1, 4, 4, 4, 4, 4, 1]  # 22 = 1 + 5 x 4 + the last, at once
+    assert [t for o in four for t in o.token_ids] == [t for o in one for t in o.token_ids]
+    assert "".join(o.text for o in four) == "".join(o.text for o in one)
+    assert [lp.token for o in four for lp in o.logprobs or []] == [lp.token for o in one for lp in o.logprobs or []]
+    assert four[-1].finished and not any(o.finished for o in four[:-1])
 
 
 async def test_identical_long_prompt_hits_the_prefix_cache(engine: VllmEngine) -> None:

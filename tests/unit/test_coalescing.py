@@ -1,7 +1,7 @@
 """A generation's outputs gathered into records: first at once, then per window or per token count."""
 from __future__ import annotations
 
-from consumers.generation.coalescing import PER_STEP, Coalescer, FlushPolicy
+from consumers.generation.coalescing import PER_STEP, Coalescer, FlushPolicy, Pace
 from consumers.generation.engine import StepOutput
 from schemas.sampling import TokenLogprob
 
@@ -59,3 +59,26 @@ def test_text_held_for_its_check_makes_one_record_a_chunk_not_one_a_window() -> 
     assert c.due(now, urgent=True, held=True)  # the chunk is complete (or a finish, a cancel)
     assert c.take(now).token_ids == list(range(1, 12))
     assert not c.due(now + 1.0, urgent=True, held=True)  # nothing gathered
+
+
+def test_the_pace_asks_for_as_many_steps_a_hand_over_as_fit_in_half_a_window() -> None:
+    window = FlushPolicy(window_s=0.1, max_tokens=16)
+    pace = Pace()
+    assert pace.interval(window) == 1  # no pace yet: a token at a time
+    for _ in range(200):
+        pace.took(0.036, 1)  # the seeds' replica at full batch
+    assert pace.interval(window) == 1  # two 36 ms steps would not fit in half a window
+    for _ in range(200):
+        pace.took(0.024, 2)  # hand-overs of two tokens: the gap per token is what counts
+    assert pace.step_s is not None and abs(pace.step_s - 0.012) < 0.001
+    assert pace.interval(window) == 4  # 12 ms steps
+    for _ in range(200):
+        pace.took(0.150, 1)  # a step longer than the window
+    assert pace.interval(window) == 1
+    pace.took(0.0, 0)  # nothing to learn from
+    assert pace.interval(window) == 1
+    for _ in range(400):
+        pace.took(0.0001, 1)
+    assert pace.interval(window) == 16  # never more than a record holds
+    assert pace.interval(PER_STEP) == 1  # a record per engine output: every output handed over
+    assert pace.interval(FlushPolicy(window_s=0.1, stream_interval=3)) == 3  # configured: fixed

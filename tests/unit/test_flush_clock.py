@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaTimeoutError
 
-from consumers.generation.coalescing import FlushPolicy
+from consumers.generation.coalescing import PACE_SHARE, FlushPolicy, Pace
 from consumers.generation.decisions import Generate, Limits
 from consumers.generation.engine import StepOutput
 from consumers.generation.flush_clock import FlushClock
@@ -71,10 +71,11 @@ class _Engine:
     """Outputs at scripted delays: (seconds before it, text, finished)."""
 
     def __init__(self, script: list[tuple[float, str, bool]]) -> None:
-        self.script, self.arrived = script, list[float]()
+        self.script, self.arrived, self.intervals = script, list[float](), list[int]()
 
     async def generate(self, gid: str, prompt: list[int], max_tokens: int, priority: int,
                        sampling: Any) -> AsyncIterator[StepOutput]:
+        self.intervals.append(sampling.stream_interval)
         for i, (delay, text, finished) in enumerate(self.script):
             await asyncio.sleep(delay)
             self.arrived.append(time.monotonic())
@@ -87,7 +88,7 @@ class _Engine:
 
 class _Crew:
     def __init__(self, engine: _Engine, flush: FlushPolicy, producer: _Producer) -> None:
-        self.engine, self.flush, self.clock = engine, flush, FlushClock(flush)
+        self.engine, self.flush, self.clock, self.pace = engine, flush, FlushClock(flush), Pace()
         self.limits = Limits("large", "m", 4096)
         self.worker_id, self.topics = "w", Topics("t")
         self.appender, self.fence, self.cancels = _Appender(producer), _Fence(), set[str]()
@@ -103,9 +104,13 @@ WINDOW = FlushPolicy(window_s=0.05, max_tokens=16)
 
 
 async def _run(flush: FlushPolicy, producer: _Producer | None = None,
-               script: list[tuple[float, str, bool]] = SCRIPT) -> tuple[_Crew, _Engine, _Producer]:
+               script: list[tuple[float, str, bool]] = SCRIPT, crew: _Crew | None = None
+               ) -> tuple[_Crew, _Engine, _Producer]:
     engine, producer = _Engine(script), producer or _Producer()
-    crew = _Crew(engine, flush, producer)
+    if crew is None:
+        crew = _Crew(engine, flush, producer)
+    else:
+        crew.engine, crew.appender = engine, _Appender(producer)
     req = GenerationRequested(generation_id="g", conversation_id="c", user_id="u", plan="paid", pool="large",
                               lane="paid", prompt_token_ids=[1, 2, 3], max_tokens=20)
     clock = asyncio.create_task(crew.clock.run())
@@ -230,3 +235,15 @@ async def test_together_a_reply_that_had_nothing_at_a_tick_leaves_at_its_next_ou
     records = _tokens(producer)
     assert [text for _, text in records] == ["a", "b", "c", "d"]
     assert records[2][0] - engine.arrived[2] < 0.01
+
+
+async def test_a_reply_asks_the_engine_for_as_many_tokens_a_hand_over_as_the_pace_fits_in_the_window() -> None:
+    steady = [(0.0, "a", False)] + [(0.005, f" w{i}", False) for i in range(30)] + [(0.005, ".", True)]
+    crew, engine, _ = await _run(WINDOW, script=steady)
+    assert engine.intervals == [1]  # no pace learnt yet: a token at a time
+    assert crew.pace.step_s is not None and 0.004 < crew.pace.step_s < 0.02
+    learnt = crew.pace.step_s
+    _, again, _ = await _run(WINDOW, script=steady, crew=crew)
+    assert again.intervals == [max(1, int(PACE_SHARE * WINDOW.window_s / learnt))] and again.intervals[0] > 1
+    _, fixed, _ = await _run(FlushPolicy(window_s=0.05, stream_interval=3), script=SCRIPT)
+    assert fixed.intervals == [3]

@@ -28,7 +28,7 @@ def test_client_parameters_reach_vllm_under_its_names() -> None:
     kwargs = vllm_kwargs(for_request(request(temperature=0.8, sampling=asked)))
     assert kwargs == {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 1,
                       "presence_penalty": 0.1, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
-                      "min_tokens": 5, "ignore_eos": True, "logprobs": 3, "stop": ["\n\n"],
+                      "min_tokens": 5, "ignore_eos": True, "logprobs": 3, "stream_interval": 1, "stop": ["\n\n"],
                       "include_stop_str_in_output": False}
     from vllm import SamplingParams  # the real class accepts every one of them
 

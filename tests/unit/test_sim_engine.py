@@ -100,6 +100,22 @@ async def test_ignore_eos_min_tokens_logprobs_and_json_are_honoured() -> None:
     await e.close()
 
 
+async def test_a_stream_interval_hands_over_the_first_token_alone_then_every_interval_then_the_rest() -> None:
+    single, batched = engine(), engine()
+    one = await collect(single, "a", [5, 6], max_tokens=20, sampling=Sampling(ignore_eos=True, logprobs=1))
+    outs = await collect(batched, "a", [5, 6], max_tokens=20,
+                         sampling=Sampling(ignore_eos=True, logprobs=1, stream_interval=3))
+    assert [len(o.token_ids) for o in one] == [1] * 20
+    assert [len(o.token_ids) for o in outs] == [1, 3, 3, 3, 3, 3, 3, 1]  # 20 = 1 + 6 x 3 + the last, at once
+    assert [t for o in outs for t in o.token_ids] == [t for o in one for t in o.token_ids]
+    assert "".join(o.text for o in outs) == "".join(o.text for o in one)
+    assert all(o.logprobs is not None and len(o.logprobs) == len(o.token_ids) for o in outs)
+    assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+    assert batched.sim_stats()["tokens"] == 20
+    await single.close()
+    await batched.close()
+
+
 async def test_its_own_cpu_and_steps_are_counted_apart() -> None:
     e = engine()
     await asyncio.gather(*(collect(e, f"r{i}", [i, i + 1]) for i in range(8)))
