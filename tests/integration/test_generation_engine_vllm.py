@@ -73,8 +73,11 @@ async def test_a_stream_interval_hands_over_tokens_several_at_a_time_with_the_sa
         async with asyncio.timeout(120):
             outputs[interval] = [out async for out in engine.generate(uuid.uuid4().hex, prompt, 22, 0, sampling)]
     one, four = outputs[1], outputs[4]
-    assert [len(o.token_ids) for o in one] == [1] * 22
-    assert [len(o.token_ids) for o in four] == [1, 4, 4, 4, 4, 4, 1]  # 22 = 1 + 5 x 4 + the last, at once
+    # [1, 4, 4, 4, 4, 4, 1] when this test reads as fast as the engine makes them; vLLM joins the outputs of a
+    # request its reader has not taken yet (so a token at a time may come two at once on a busy machine).
+    sizes = [len(o.token_ids) for o in four]
+    assert sizes[0] == 1 and all(n >= 4 for n in sizes[1:-1]) and len(sizes) <= 7 and sum(sizes) == 22, sizes
+    assert len(one) > len(four)
     assert [t for o in four for t in o.token_ids] == [t for o in one for t in o.token_ids]
     assert "".join(o.text for o in four) == "".join(o.text for o in one)
     assert [lp.token for o in four for lp in o.logprobs or []] == [lp.token for o in one for lp in o.logprobs or []]
