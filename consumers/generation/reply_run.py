@@ -174,10 +174,19 @@ class ReplyRun:
             if took.tokens:
                 crew.metrics.tokens.inc(took.tokens)
                 lane_tokens.inc(took.tokens)
+            if check and guard is not None and not self.held:
+                # Text shown at once (hold-back 0) is checked a chunk at a time, before the hand-over that completes
+                # the chunk may be shown (by this loop or the clock): a flagged chunk's last hand-over, and what came
+                # with it past the chunk, is never shown. One that passes keeps its window.
+                async with self._order:
+                    blocked = await self._checked(guard)
+                if blocked is not None:
+                    return Ran(None, blocked)
+                guard.passed()
+                check = False
             # A finish or a cancel goes out at once. Text held until its chunk passes is a record a chunk (a
             # record a window would be shown no sooner), made before the check decides, so that passing it
-            # shows it. Text shown at once (hold-back 0) keeps its window: a chunk the check flags before its
-            # window has passed is never shown at all, and one it passes goes out with the others at the tick.
+            # shows it.
             if state.due(now, urgent=out.finished or (check and self.held) or req.generation_id in crew.cancels,
                          window=self._by_window(), held=self.held):
                 await self._flush(now)

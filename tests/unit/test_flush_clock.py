@@ -21,6 +21,9 @@ from consumers.generation.flush_clock import FlushClock
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.recovery import Saved
 from consumers.generation.reply_run import ReplyRun
+from consumers.safety.classifier import Verdict
+from consumers.safety.output import OutputGuard
+from infra.config.safety import PlanPolicy
 from schemas import GenerationRequested, GenerationStarted, TokensAppended
 from schemas.codec import decode
 from topics import Topics
@@ -247,3 +250,45 @@ async def test_a_reply_asks_the_engine_for_as_many_tokens_a_hand_over_as_the_pac
     assert again.intervals == [max(1, int(PACE_SHARE * WINDOW.window_s / learnt))] and again.intervals[0] > 1
     _, fixed, _ = await _run(FlushPolicy(window_s=0.05, stream_interval=3), script=SCRIPT)
     assert fixed.intervals == [3]
+
+
+class _Safety:
+    """Flags a chunk that says "bad"; hold-back 0 in chunks of two tokens. Its check yields to the event loop for
+    longer than the window, as a classifier on another process would, so the clock could flush meanwhile."""
+
+    def __init__(self) -> None:
+        self.retracted: list[int] = []
+
+    def start(self, plan: str, purpose: str) -> OutputGuard:
+        return OutputGuard(PlanPolicy(hold_back_sentences=0, chunk_tokens=2))
+
+    async def check(self, guard: OutputGuard, req: Any) -> Verdict:
+        await asyncio.sleep(0.08)
+        flagged = "bad" in guard.window()
+        return Verdict(flagged=flagged, category="test" if flagged else "none", score=float(flagged),
+                       rules_version="t", source="rule")
+
+    async def retract(self, producer: Any, redis: Any, topic: str, req: Any, verdict: Verdict, shown: int) -> str:
+        self.retracted.append(shown)
+        return "removed"
+
+
+async def test_shown_at_once_the_hand_over_that_completes_a_flagged_chunk_is_never_shown() -> None:
+    """Hold-back 0 shows text as it comes and checks each chunk: the output completing a chunk arrives after its
+    window has passed, so it would be due at once, yet it waits for the verdict, and neither the loop nor the
+    clock shows it while the check runs."""
+    script = [(0.0, "a", False), (0.12, " bad", False), (0.01, " more", True)]
+    engine, producer = _Engine(script), _Producer()
+    crew = _Crew(engine, WINDOW, producer)
+    crew.safety = _Safety()  # type: ignore[assignment]
+    req = GenerationRequested(generation_id="g", conversation_id="c", user_id="u", plan="paid", pool="large",
+                              lane="paid", prompt_token_ids=[1, 2, 3], max_tokens=20)
+    clock = asyncio.create_task(crew.clock.run())
+    try:
+        await ReplyRun(crew, req, Generate([1, 2, 3], 20, 0, False, 0), Saved(), time.time()).stream()
+    finally:
+        clock.cancel()
+    assert [text for _, text in _tokens(producer)] == ["a"]  # the first record, at once; " bad" never
+    assert crew.safety.retracted == [0]  # type: ignore[attr-defined]
+    finished = crew.finisher.finished[0]
+    assert (finished.status, finished.text, finished.last_seq) == ("blocked", "removed", 0)
