@@ -21,8 +21,8 @@ class FlushPolicy:
     on_time: bool = True  # flushed by the worker's clock too (flush_clock.py), not only when an output arrives
     together: bool = True  # the clock flushes replies in groups, each a window apart (else each on its own window)
     # The engine hands a reply's tokens over every this many (the first and the last at once; vLLM's
-    # stream_interval); 0: as many steps as fit in most of a window at the engine's recent pace (``Pace``).
-    stream_interval: int = 0
+    # stream_interval); 0: as many steps as fit in half a window at the engine's recent pace (``Pace``).
+    stream_interval: int = 1
 
     @property
     def per_step(self) -> bool:

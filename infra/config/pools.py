@@ -105,8 +105,9 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     flush_together: bool = True
     # The engine hands the worker a reply's tokens every stream_interval tokens (its first and its last at once),
     # as vLLM's --stream-interval: the worker wakes, counts and checks once per hand-over, not once per token.
-    # 0: as many as the engine's recent pace fits in half the flush window, so every flush tick still finds tokens.
-    stream_interval: int = 0
+    # 0: as many as the engine's recent pace fits in half the flush window when the reply starts (for an engine
+    # whose step stays well under the window: a reply keeps its interval while the batch and its step grow).
+    stream_interval: int = 1
     engine: Literal["vllm", "sim"] = "vllm"  # sim: the simulated engine, for load tests and capacity planning
     sim: SimConfig = SimConfig()  # read only when engine = "sim"
     # "hermes": the model writes <tool_call> JSON blocks when it decides to call a function (tool_choice auto);

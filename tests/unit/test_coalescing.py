@@ -62,8 +62,9 @@ def test_text_held_for_its_check_makes_one_record_a_chunk_not_one_a_window() -> 
 
 
 def test_the_pace_asks_for_as_many_steps_a_hand_over_as_fit_in_half_a_window() -> None:
-    window = FlushPolicy(window_s=0.1, max_tokens=16)
+    window = FlushPolicy(window_s=0.1, max_tokens=16, stream_interval=0)
     pace = Pace()
+    assert pace.interval(FlushPolicy(window_s=0.1, max_tokens=16)) == 1  # the default: a token at a time
     assert pace.interval(window) == 1  # no pace yet: a token at a time
     for _ in range(200):
         pace.took(0.036, 1)  # the seeds' replica at full batch

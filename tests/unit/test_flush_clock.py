@@ -242,12 +242,16 @@ async def test_together_a_reply_that_had_nothing_at_a_tick_leaves_at_its_next_ou
 
 async def test_a_reply_asks_the_engine_for_as_many_tokens_a_hand_over_as_the_pace_fits_in_the_window() -> None:
     steady = [(0.0, "a", False)] + [(0.005, f" w{i}", False) for i in range(30)] + [(0.005, ".", True)]
-    crew, engine, _ = await _run(WINDOW, script=steady)
+    by_pace = FlushPolicy(window_s=0.05, max_tokens=16, stream_interval=0)
+    crew, engine, _ = await _run(by_pace, script=steady)
     assert engine.intervals == [1]  # no pace learnt yet: a token at a time
     assert crew.pace.step_s is not None and 0.004 < crew.pace.step_s < 0.02
     learnt = crew.pace.step_s
-    _, again, _ = await _run(WINDOW, script=steady, crew=crew)
-    assert again.intervals == [max(1, int(PACE_SHARE * WINDOW.window_s / learnt))] and again.intervals[0] > 1
+    _, again, _ = await _run(by_pace, script=steady, crew=crew)
+    assert again.intervals == [max(1, int(PACE_SHARE * by_pace.window_s / learnt))] and again.intervals[0] > 1
+    crew.flush = WINDOW  # the same learnt pace
+    _, default, _ = await _run(WINDOW, script=steady, crew=crew)
+    assert default.intervals == [1]  # the shipped default: a token at a time
     _, fixed, _ = await _run(FlushPolicy(window_s=0.05, stream_interval=3), script=SCRIPT)
     assert fixed.intervals == [3]
 
