@@ -282,16 +282,9 @@ async def test_shown_at_once_the_hand_over_that_completes_a_flagged_chunk_is_nev
     window has passed, so it would be due at once, yet it waits for the verdict, and neither the loop nor the
     clock shows it while the check runs."""
     script = [(0.0, "a", False), (0.12, " bad", False), (0.01, " more", True)]
-    engine, producer = _Engine(script), _Producer()
-    crew = _Crew(engine, WINDOW, producer)
+    crew = _Crew(_Engine([]), WINDOW, _Producer())
     crew.safety = _Safety()  # type: ignore[assignment]
-    req = GenerationRequested(generation_id="g", conversation_id="c", user_id="u", plan="paid", pool="large",
-                              lane="paid", prompt_token_ids=[1, 2, 3], max_tokens=20)
-    clock = asyncio.create_task(crew.clock.run())
-    try:
-        await ReplyRun(crew, req, Generate([1, 2, 3], 20, 0, False, 0), Saved(), time.time()).stream()
-    finally:
-        clock.cancel()
+    crew, _, producer = await _run(WINDOW, script=script, crew=crew)
     assert [text for _, text in _tokens(producer)] == ["a"]  # the first record, at once; " bad" never
     assert crew.safety.retracted == [0]  # type: ignore[attr-defined]
     finished = crew.finisher.finished[0]
