@@ -122,8 +122,8 @@ class Pipeline:
         events = self.tap.events.get(run.extra.get("gid", ""), [])
         first: dict[str, Any] = {}
         for _, _, e in events:
-            if isinstance(e, TokensAppended) and not e.text:
-                continue
+            if isinstance(e, TokensAppended) and not (e.text or e.sealed):
+                continue  # a record with no text (sealed, its text is in ``sealed`` until a reader opens it)
             first.setdefault(type(e).__name__, e)
         need = ("MessageSubmitted", "RequestAdmitted", "PromptBuilt", "GenerationRequested", "GenerationStarted",
                 "TokensAppended", "GenerationFinished")
@@ -175,7 +175,9 @@ async def pipeline_side(settings: Settings, levels: list[int], quick: bool, env:
         common.start_pipeline(svc, with_small=with_small)
         print(f"   service ready in {time.time() - started:.0f} s (stages, gateway, worker-large"
               f"{', worker-small' if with_small else ''})")
-        pipe = Pipeline(settings, svc.procs["gateway-a"].port or 0, await common.make_users(settings, "paid", 4))
+        # Eight users: at 32 at once each has 4 streams open, under the gateway's 8 per user and server (a stream
+        # still closing as its lane's next one opens would make 4 users' 8 each a 429).
+        pipe = Pipeline(settings, svc.procs["gateway-a"].port or 0, await common.make_users(settings, "paid", 8))
         pids = [p.popen.pid for p in svc.procs.values()]
         await pipe.tap.start()
         try:
