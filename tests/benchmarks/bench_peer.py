@@ -29,7 +29,6 @@ from typing import Any
 import httpx
 
 from consumers.generation.engine import engine_kwargs
-from schemas import TokensAppended
 from tests.benchmarks import common, cpu_split
 from tests.benchmarks.common import ratio
 from tests.benchmarks.profiling import Profiler
@@ -119,11 +118,7 @@ def inner_hops(events: dict[str, list[tuple[float, int, Any]]]) -> dict[str, Any
     does next). The client's side (HTTP in, SSE out) is in vLLM bench's TTFT only."""
     per_hop: dict[str, list[float]] = {h: [] for h in HOPS}
     for records in events.values():
-        first: dict[str, tuple[float, Any]] = {}
-        for arrived, _, e in records:
-            if isinstance(e, TokensAppended) and not (e.text or e.sealed):
-                continue  # a record with no text (its text, ids and logprobs are sealed together in ``sealed``)
-            first.setdefault(type(e).__name__, (arrived, e))
+        first = common.firsts(records)
         need = ("MessageSubmitted", "RequestAdmitted", "PromptBuilt", "GenerationRequested", "GenerationStarted",
                 "TokensAppended", "GenerationFinished")
         if not all(k in first for k in need):

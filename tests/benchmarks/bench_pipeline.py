@@ -31,7 +31,7 @@ import httpx
 
 from consumers.generation.engine import Sampling
 from infra.config.settings import Settings
-from schemas import GenerationFinished, GenerationStarted, TokensAppended
+from schemas import GenerationFinished, GenerationStarted
 from tests.benchmarks import common
 from tests.benchmarks.common import Timeline, ratio
 from tests.benchmarks.profiling import Profiler, cpu_seconds, tree_cpu
@@ -119,12 +119,7 @@ class Pipeline:
 
     def hops(self, run: Timeline) -> dict[str, float] | None:
         """Where this request's time to first token went, from each event's own timestamp (ms)."""
-        events = self.tap.events.get(run.extra.get("gid", ""), [])
-        first: dict[str, Any] = {}
-        for _, _, e in events:
-            if isinstance(e, TokensAppended) and not (e.text or e.sealed):
-                continue  # a record with no text (sealed, its text is in ``sealed`` until a reader opens it)
-            first.setdefault(type(e).__name__, e)
+        first = {name: e for name, (_, e) in common.firsts(self.tap.events.get(run.extra.get("gid", ""), [])).items()}
         need = ("MessageSubmitted", "RequestAdmitted", "PromptBuilt", "GenerationRequested", "GenerationStarted",
                 "TokensAppended", "GenerationFinished")
         if not run.chunks or not all(k in first for k in need):

@@ -25,7 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from infra.config.pools import load_pools
 from infra.config.settings import Settings
-from schemas import EventDecodeError, GenerationFinished, decode_record
+from schemas import EventDecodeError, GenerationFinished, TokensAppended, decode_record
 from tests.e2e.service import Proc, Service
 from topics import Topics
 from topics.admin import ensure_topics_async
@@ -272,6 +272,17 @@ async def engine_request(engine: Any, prompt: list[int], max_tokens: int, sampli
 
 
 # -- a tap on chat.tokens ---------------------------------------------------------------------------------
+def firsts(records: Sequence[tuple[float, int, Any]]) -> dict[str, tuple[float, Any]]:
+    """A generation's first event of each type, with the time it arrived, from a ``TokenTap``'s records; a token
+    record counts once it carries text (sealed, its text is in ``sealed`` until a reader opens it)."""
+    first: dict[str, tuple[float, Any]] = {}
+    for arrived, _, e in records:
+        if isinstance(e, TokensAppended) and not (e.text or e.sealed):
+            continue
+        first.setdefault(type(e).__name__, (arrived, e))
+    return first
+
+
 class TokenTap:
     """Reads ``chat.tokens`` (and any other ``topics``) from the end; every event, with the time it arrived
     here, per generation; ``finished`` waits for the generation's ``GenerationFinished``."""
