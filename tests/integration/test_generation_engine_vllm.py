@@ -74,10 +74,10 @@ async def test_a_stream_interval_hands_over_tokens_several_at_a_time_with_the_sa
             outputs[interval] = [out async for out in engine.generate(uuid.uuid4().hex, prompt, 22, 0, sampling)]
     one, four = outputs[1], outputs[4]
     # [1, 4, 4, 4, 4, 4, 1] when this test reads as fast as the engine makes them; vLLM joins the outputs of a
-    # request its reader has not taken yet (so a token at a time may come two at once on a busy machine).
+    # request its reader has not taken yet, so on a busy machine a chunk may be larger, and a token at a time may
+    # come in as few chunks as four at a time (or fewer): the counts of the two runs are not compared.
     sizes = [len(o.token_ids) for o in four]
     assert sizes[0] == 1 and all(n >= 4 for n in sizes[1:-1]) and len(sizes) <= 7 and sum(sizes) == 22, sizes
-    assert len(one) > len(four)
     assert [t for o in four for t in o.token_ids] == [t for o in one for t in o.token_ids]
     assert "".join(o.text for o in four) == "".join(o.text for o in one)
     assert [lp.token for o in four for lp in o.logprobs or []] == [lp.token for o in one for lp in o.logprobs or []]
