@@ -12,6 +12,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from consumers.generation.engine import GREEDY, EngineStats, Sampling, StepOutput
 
@@ -85,6 +86,7 @@ class FakeEngine:
         max_tokens: int,
         priority: int = 0,
         sampling: Sampling = GREEDY,
+        gate: Any = None,  # not waited on: this engine makes each output only when asked, so none would join
     ) -> AsyncIterator[StepOutput]:
         prompt = list(prompt_token_ids)
         self.requests.append(FakeRequest(request_id, prompt, max_tokens, priority, sampling))

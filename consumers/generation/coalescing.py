@@ -23,6 +23,9 @@ class FlushPolicy:
     # The engine hands a reply's tokens over every this many (the first and the last at once; vLLM's
     # stream_interval); 0: as many steps as fit in half a window at the engine's recent pace (``Pace``).
     stream_interval: int = 1
+    # With groups: each reply's loop takes its engine outputs (joined by the engine) at its group's tick, or at a
+    # finish, not at every engine step (flush_clock.py).
+    drain_at_tick: bool = True
 
     @property
     def per_step(self) -> bool:

@@ -64,8 +64,20 @@ class EngineStats(TypedDict):
     prefix_cache_hit_rate: float | None  # hit tokens / queried tokens over recent requests; None before any
 
 
+class Gate(Protocol):
+    """When a reply's loop takes its next output (``flush_clock.Gate``): at its flush group's next tick, or at
+    once when the engine has finished the request. Meanwhile the engine joins the outputs it makes for the
+    request into one (vLLM's ``RequestOutputCollector`` does; the simulated engine's ``_Slot`` too), so the
+    worker wakes once a window per reply, not once per engine step."""
+
+    async def wait(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 class Engine(Protocol):
-    """What the generation worker needs from an engine. ``generate`` is an async generator."""
+    """What the generation worker needs from an engine. ``generate`` is an async generator; given a ``gate``,
+    it waits on it between outputs (never before the first) and wakes it when the request finishes."""
 
     model_name: str
 
@@ -76,6 +88,7 @@ class Engine(Protocol):
         max_tokens: int,
         priority: int = 0,
         sampling: Sampling = GREEDY,
+        gate: Gate | None = None,
     ) -> AsyncIterator[StepOutput]: ...
 
     async def abort(self, request_id: str) -> None: ...
@@ -132,10 +145,12 @@ class VllmEngine:
         max_tokens: int,
         priority: int = 0,
         sampling: Sampling = GREEDY,
+        gate: Gate | None = None,
     ) -> AsyncIterator[StepOutput]:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs.engine import tokens_input  # the rendered form; raw prompts are deprecated
+        from vllm.outputs import STREAM_FINISHED
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -146,14 +161,34 @@ class VllmEngine:
             raise RequestRejected(str(exc)) from exc
         # The fcfs scheduler rejects a non-zero priority; a pool configured fcfs just ignores it.
         priority = priority if self.effective["scheduling_policy"] == "priority" else 0
+        # AsyncLLM.generate's own loop, over the request's collector, so a gate can hold the reader while the
+        # collector joins the request's outputs (DELTA outputs are merged while unread), and wake it at a finish.
+        queue: Any = None
         try:
-            async for out in self._llm.generate(tokens_input(list(prompt_token_ids)), params, request_id,
-                                                priority=priority):
-                yield _step_output(request_id, len(prompt_token_ids), out, sampling.logprobs)
+            queue = await self._llm.add_request(request_id, tokens_input(list(prompt_token_ids)), params,
+                                                priority=priority)
+            if gate is not None:
+                queue.put = _waking(queue.put, gate)
+            finished = False
+            while not finished:
+                out = queue.get_nowait() or await queue.get()
+                finished = out.finished
+                if out is not STREAM_FINISHED:
+                    yield _step_output(request_id, len(prompt_token_ids), out, sampling.logprobs)
+                if gate is not None and not finished:
+                    await gate.wait()
+        except (asyncio.CancelledError, GeneratorExit):  # the reader walked away: free the sequence
+            if queue is not None:
+                await self._llm.abort(queue.request_id, internal=True)
+            raise
         except VLLMValidationError as exc:
             raise RequestRejected(str(exc)) from exc
         except EngineDeadError as exc:
             raise EngineDead(f"the {self.pool.name} engine stopped: {exc}") from exc
+        except Exception:
+            if queue is not None:
+                await self._llm.abort(queue.request_id, internal=True)
+            raise
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
@@ -207,6 +242,17 @@ def effective_settings(vllm_config: Any) -> dict[str, Any]:
         "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
         "enforce_eager": vllm_config.model_config.enforce_eager,
     }
+
+
+def _waking(put: Any, gate: Gate) -> Any:
+    """A collector's ``put`` that also wakes the reader's gate when the request has finished (or failed)."""
+
+    def put_and_wake(output: Any) -> None:
+        put(output)
+        if isinstance(output, Exception) or getattr(output, "finished", False):
+            gate.wake()
+
+    return put_and_wake
 
 
 def _step_output(request_id: str, prompt_tokens: int, out: Any, top_logprobs: int | None) -> StepOutput:

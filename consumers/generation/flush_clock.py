@@ -16,9 +16,17 @@ the window plus the longest step. The clock flushes while the engine is still on
 - Each on its own: a tick every tenth of the window (10 ms at most) flushes the replies whose window will have
   passed by the next tick.
 
-A reply whose output check holds its text back (a sentence at a time) is not followed: its records wait for
-the check anyway. Cost: one timer a tick for the worker, and a look at each followed reply of the tick's group;
-no task or timer per reply.
+A reply whose output check holds its text back (a sentence at a time) is not flushed by the clock: its records
+wait for the check anyway. Cost: one timer a tick for the worker, and a look at each followed reply of the
+tick's group; no task or timer per reply.
+
+Drained at the tick (``drain_at_tick``, shipped with the groups): a reply's loop does not take each engine
+output as it comes, which woke its task once per engine step for every running reply (a third of the worker's
+CPU at the seeds' load was the event loop's wake-ups). It waits on its ``Gate`` instead, which opens at its
+group's tick, or at once when the engine has finished the request; meanwhile the engine joins the request's
+outputs into one (vLLM's collector merges unread delta outputs). So each reply's loop runs once a window:
+counting, the output check's text and the record for all the steps of that window at once. Held-back replies
+are gated too (their sentence is checked at the tick after it completes, at most a window later).
 """
 from __future__ import annotations
 
@@ -45,6 +53,9 @@ class FlushClock:
         # Each followed reply's group, in the order they were followed, so a reply keeps its place in its
         # group's burst of records and its gaps stay a window long (a set's order changes as it grows).
         self.runs: dict[OnTime, int] = {}
+        self.drains = policy.drain_at_tick and self.together  # each reply's loop wakes at its group's tick
+        self._waiting: dict[OnTime, asyncio.Future[None]] = {}  # gated replies waiting for their tick
+        self._group_ticks = [0] * self.groups  # how many times each group has ticked
         self._ticks = 0
         self._next_group = 0
         self._last_ticks = [0.0] * self.groups  # when each group was last flushed (its records' ``now``)
@@ -61,6 +72,30 @@ class FlushClock:
 
     def drop(self, run: OnTime) -> None:
         self.runs.pop(run, None)
+        self.wake(run)
+
+    def gate(self, run: OnTime) -> Gate:
+        """A gate for a followed reply's loop (``drains``)."""
+        return Gate(self, run)
+
+    def ticks_of(self, run: OnTime) -> int:
+        group = self.runs.get(run)
+        return -1 if group is None else self._group_ticks[group]
+
+    def wake(self, run: OnTime) -> None:
+        waiter = self._waiting.pop(run, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def until_tick(self, run: OnTime) -> None:
+        if run not in self.runs:
+            return  # not followed (ended, or no clock): nothing to wait for
+        waiter = self._waiting[run] = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            if self._waiting.get(run) is waiter:
+                del self._waiting[run]
 
     def last_tick_of(self, run: OnTime) -> float:
         """When the clock last flushed ``run``'s group; 0 for a reply it does not follow."""
@@ -72,6 +107,7 @@ class FlushClock:
         have passed by the next tick (up to a tick early, never late); each reply keeps its records in order."""
         group = self._ticks % self.groups
         self._ticks += 1
+        self._group_ticks[group] += 1
         now = self._last_ticks[group] = time.time()
         for run, of in list(self.runs.items()):
             if of != group:
@@ -81,6 +117,7 @@ class FlushClock:
             except Exception:  # noqa: BLE001 - a reply keeps its own failure; this is a bug, not an outage
                 log.exception("flush on time failed")
                 self.runs.pop(run, None)
+            self.wake(run)
 
     async def run(self) -> None:
         if not self.ticking:
@@ -92,3 +129,29 @@ class FlushClock:
             await asyncio.sleep(next_at - loop.time())
             if self.runs:
                 await self.tick()
+
+
+class Gate:
+    """Where a reply's loop waits between engine outputs when the clock drains (``engine.Gate``): until its
+    group's next tick, unless the group ticked while the loop was busy (then at once), or until the engine wakes
+    it at a finish."""
+
+    __slots__ = ("clock", "run", "seen", "woken")
+
+    def __init__(self, clock: FlushClock, run: OnTime) -> None:
+        self.clock, self.run = clock, run
+        self.seen = clock.ticks_of(run)
+        self.woken = False  # the engine finished the request while the loop was busy
+
+    async def wait(self) -> None:
+        ticks = self.clock.ticks_of(self.run)
+        if ticks == self.seen and not self.woken:
+            await self.clock.until_tick(self.run)
+            ticks = self.clock.ticks_of(self.run)
+        self.seen, self.woken = ticks, False
+
+    def wake(self) -> None:
+        if self.run in self.clock._waiting:
+            self.clock.wake(self.run)
+        else:
+            self.woken = True

@@ -25,7 +25,7 @@ from consumers.generation.decisions import Generate, Limits, finished_event, sta
 from consumers.generation.engine import EngineDead
 from consumers.generation.fencing import Fence
 from consumers.generation.finishing import Finisher
-from consumers.generation.flush_clock import FlushClock
+from consumers.generation.flush_clock import FlushClock, Gate
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.recovery import Saved
 from consumers.generation.reply_stream import ReplyStream
@@ -94,7 +94,8 @@ class ReplyRun:
         self.pending: list[asyncio.Future[Any]] = []  # handed to the producer, not acknowledged yet
         self._order = asyncio.Lock()  # the loop's flushes and the clock's: records handed over in seq order
         self._late: BaseException | None = None  # the clock's flush failed: raised in the loop at its next output
-        self._on_clock = False  # the engine loop runs and the clock follows it
+        self._on_clock = False  # the engine loop runs and the clock flushes it
+        self.gate: Gate | None = None  # where the loop waits between outputs when the clock drains
 
     @property
     def gid(self) -> str:
@@ -142,19 +143,25 @@ class ReplyRun:
                                                        max_tokens=gen.max_tokens),
                                            stream_interval=crew.pace.interval(crew.flush))
         lane_tokens = crew.metrics.lane_tokens.labels(pool=crew.limits.pool, lane=req.lane)  # once, not per output
-        if not self.held:  # held-back text waits for its check, not for the clock
+        if crew.clock.drains:  # every reply's loop wakes at its group's tick (held-back text is checked then)
+            crew.clock.follow(self)
+            self.gate = crew.clock.gate(self)
+            self._on_clock = not self.held
+        elif not self.held:  # held-back text waits for its check, not for the clock
             crew.clock.follow(self)
             self._on_clock = True
         try:
             return await self._outputs(sampling, lane_tokens)
         finally:  # ended, fenced off, or let go (a rebalance): the clock writes nothing more for it
             self._on_clock = False
+            self.gate = None
             crew.clock.drop(self)
 
     async def _outputs(self, sampling: Any, lane_tokens: Any) -> Ran | None:
         crew, req, gen, state, guard = self.crew, self.req, self.gen, self.state, self.guard
+        gated = {} if self.gate is None else {"gate": self.gate}
         async for out in crew.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
-                                              gen.priority, sampling):
+                                              gen.priority, sampling, **gated):
             if self._late is not None:
                 raise self._late
             now = time.time()
@@ -187,8 +194,8 @@ class ReplyRun:
             # A finish or a cancel goes out at once. Text held until its chunk passes is a record a chunk (a
             # record a window would be shown no sooner), made before the check decides, so that passing it
             # shows it.
-            if state.due(now, urgent=out.finished or (check and self.held) or req.generation_id in crew.cancels,
-                         window=self._by_window(), held=self.held):
+            if state.due(now, urgent=out.finished or (check and self.held) or req.generation_id in crew.cancels
+                         or self._ticked(), window=self._by_window(), held=self.held):
                 await self._flush(now)
             if took.gap_s is not None and took.tokens:  # a hand-over of several tokens: the gap per token
                 crew.metrics.itl.observe(took.gap_s / took.tokens)
@@ -224,6 +231,14 @@ class ReplyRun:
         await crew.finisher.finish(finished_event(req, crew.limits, crew.worker_id, status, state.reply,
                                                   state.usage(), state.last_seq, reason, self.picked_at,
                                                   state.first_token_at, block))
+
+    def _ticked(self) -> bool:
+        """Drained at the tick: the loop woke for its group's tick (what the engine made since the last one is
+        this window's record), not only when the window has passed since the last record's own time."""
+        if self.gate is None or self.held:
+            return False
+        last = self.state.batch.last_flush
+        return last is None or self.crew.clock.last_tick_of(self) > last
 
     def _by_window(self) -> bool:
         """Whether the loop flushes this reply once its window has passed. Not while the clock flushes every

@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from consumers.generation.engine import EngineDead, EngineStats, RequestRejected, StepOutput, render_chat
+from consumers.generation.engine import EngineDead, EngineStats, Gate, RequestRejected, StepOutput, render_chat
 from consumers.generation.sampling import GREEDY, Sampling
 from consumers.generation.sim_core import SimCore, SimSequence
 from schemas.sampling import TokenLogprob, TopLogprob
@@ -93,6 +93,45 @@ def plan_reply(text: TokenText, mean_tokens: int, prompt: Sequence[int], max_tok
     return ids, "stop"
 
 
+def joined(first: StepOutput, then: StepOutput) -> StepOutput:
+    """Two outputs of one request as one, as vLLM merges the delta outputs its reader has not taken yet."""
+    logprobs = None if first.logprobs is None and then.logprobs is None else [*(first.logprobs or ()),
+                                                                                *(then.logprobs or ())]
+    return StepOutput(request_id=then.request_id, token_ids=first.token_ids + then.token_ids,
+                      text=first.text + then.text, finished=then.finished, finish_reason=then.finish_reason,
+                      prompt_tokens=then.prompt_tokens, cached_prompt_tokens=first.cached_prompt_tokens,
+                      logprobs=logprobs)
+
+
+class _Slot:
+    """One request's outputs on their way to its reader: those not taken yet are joined into one (as vLLM's
+    ``RequestOutputCollector``), and a finish wakes the reader's gate."""
+
+    __slots__ = ("out", "waiter", "gate")
+
+    def __init__(self, gate: Gate | None) -> None:
+        self.out: StepOutput | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.gate = gate
+
+    def put(self, out: StepOutput) -> None:
+        self.out = out if self.out is None or out is DEAD else joined(self.out, out)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+        if out.finished and self.gate is not None:
+            self.gate.wake()
+
+    async def get(self) -> StepOutput:
+        while self.out is None:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        out, self.out = self.out, None
+        return out
+
+
 class SimEngine:
     """One pool's simulated replica; same contract as ``VllmEngine``."""
 
@@ -104,7 +143,7 @@ class SimEngine:
                             enable_prefix_caching=pool.enable_prefix_caching)
         self._tokenizer = tokenizer
         self._text = TokenText(tokenizer)
-        self._queues: dict[str, asyncio.Queue[StepOutput]] = {}
+        self._queues: dict[str, _Slot] = {}
         self._logprobs: dict[str, int] = {}
         self._intervals: dict[str, int] = {}  # a request's stream interval, where above 1
         self._unsent: dict[str, list[int]] = {}  # its tokens made since the last hand-over
@@ -135,7 +174,8 @@ class SimEngine:
         return render_chat(self._tokenizer, messages)
 
     async def generate(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
-                       priority: int = 0, sampling: Sampling = GREEDY) -> AsyncIterator[StepOutput]:
+                       priority: int = 0, sampling: Sampling = GREEDY,
+                       gate: Gate | None = None) -> AsyncIterator[StepOutput]:
         if self._dead is not None:
             raise self._dead
         if len(prompt_token_ids) + 1 > self.pool.max_model_len or max_tokens < 1:
@@ -145,8 +185,7 @@ class SimEngine:
             raise RequestRejected(f"request {request_id} is already running")
         reply, reason = plan_reply(self._text, self.pool.sim.reply_tokens, prompt_token_ids, max_tokens,
                                    sampling, self.pool.sim.seed)
-        queue: asyncio.Queue[StepOutput] = asyncio.Queue()
-        self._queues[request_id] = queue
+        queue = self._queues[request_id] = _Slot(gate)
         if sampling.logprobs is not None:
             self._logprobs[request_id] = sampling.logprobs
         if sampling.stream_interval > 1:
@@ -161,6 +200,8 @@ class SimEngine:
                     raise self._dead or EngineDead(f"the {self.pool.name} simulated engine stopped")
                 finished = out.finished
                 yield out
+                if gate is not None and not finished:
+                    await gate.wait()
         finally:
             self._queues.pop(request_id, None)
             self._logprobs.pop(request_id, None)
@@ -212,7 +253,7 @@ class SimEngine:
             log.exception("simulated engine of pool %s stopped", self.pool.name)
             self._dead = EngineDead(f"the {self.pool.name} simulated engine stopped: {type(exc).__name__}: {exc}")
             for queue in self._queues.values():
-                queue.put_nowait(DEAD)
+                queue.put(DEAD)
 
     async def _steps(self) -> None:
         assert self._wake is not None
@@ -271,7 +312,7 @@ class SimEngine:
                     return
                 token_ids, self._unsent[seq.request_id] = tuple(unsent), []
         k = self._logprobs.get(seq.request_id)
-        queue.put_nowait(StepOutput(
+        queue.put(StepOutput(
             request_id=seq.request_id, token_ids=token_ids, text=self._text.text(token_ids),
             finished=reason is not None, finish_reason=reason, prompt_tokens=len(seq.prompt),
             cached_prompt_tokens=max(0, seq.cached_prompt_tokens),

@@ -36,6 +36,7 @@ ENV_FIELDS = {
     "FLUSH_TOKENS": "flush_tokens",
     "FLUSH_ON_TIME": "flush_on_time",
     "FLUSH_TOGETHER": "flush_together",
+    "FLUSH_DRAIN": "flush_drain",
     "STREAM_INTERVAL": "stream_interval",
     "ROUTING": "routing",
     "TOOL_PARSER": "tool_parser",
@@ -103,6 +104,10 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # Kafka request a tick, not one per reply's window); false: each reply once its own window has passed (a
     # tick every 10 ms).
     flush_together: bool = True
+    # true (with flush_together): each reply's loop takes what the engine made for it at its group's tick, or at
+    # once when it finishes, not at every engine step: the worker wakes once a window per reply, not once a step
+    # (the engine joins a reply's outputs meanwhile, as vLLM's collector merges unread ones).
+    flush_drain: bool = True
     # The engine hands the worker a reply's tokens every stream_interval tokens (its first and its last at once),
     # as vLLM's --stream-interval: the worker wakes, counts and checks once per hand-over, not once per token.
     # 0: as many as the engine's recent pace fits in half the flush window when the reply starts (for an engine

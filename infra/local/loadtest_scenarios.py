@@ -43,6 +43,12 @@ def with_stream_interval(step: Step, interval: int) -> Step:
     return replace(step, service=replace(step.service, pools=pools))
 
 
+def with_flush_drain(step: Step, drain: bool) -> Step:
+    """The step with every pool's reply loops taking their outputs at their flush tick, or at every output."""
+    pools = {name: replace(pool, flush_drain=drain) for name, pool in step.service.pools.items()}
+    return replace(step, service=replace(step.service, pools=pools))
+
+
 def _shape(load: Load, knobs: Knobs) -> Load:
     phases = tuple(Phase(min(p.seconds, knobs.duration_s or p.seconds), p.rate * knobs.rate_scale)
                    for p in load.phases)
@@ -106,14 +112,15 @@ def prefill(knobs: Knobs) -> list[Step]:
 
 def tokens(knobs: Knobs) -> list[Step]:
     """The replica's load with a record per engine step (the baseline), with the shipped flush window kept by
-    each reply on its own, and as shipped (the worker's clock flushing every reply together)."""
+    each reply on its own, in groups with each reply's loop taking every engine output, and as shipped (in
+    groups, each reply's loop taking its outputs at its group's tick)."""
     load = _shape(Load((Phase(60, 4.0),), drain_s=90), knobs)
-    sides: tuple[tuple[str, float | None, bool | None], ...] = (
-        ("a record per step", 0.0, None), ("flush 100 ms, each reply on its own", None, False),
-        ("flush 100 ms", None, None))
-    return [Step(label, ServiceSpec({"large": replace(REPLICA, flush_ms=flush, flush_together=together),
-                                     "small": SMALL}), load)
-            for label, flush, together in sides]
+    sides: tuple[tuple[str, float | None, bool | None, bool | None], ...] = (
+        ("a record per step", 0.0, None, None), ("flush 100 ms, each reply on its own", None, False, None),
+        ("flush 100 ms in groups, every output taken", None, None, False), ("flush 100 ms", None, None, None))
+    return [Step(label, ServiceSpec({"large": replace(REPLICA, flush_ms=flush, flush_together=together,
+                                                      flush_drain=drain), "small": SMALL}), load)
+            for label, flush, together, drain in sides]
 
 
 MARGINAL_REPLIES = (320, 1280)  # tokens a reply runs to, about, on each side

@@ -53,8 +53,7 @@ async def _serve(settings: Settings, pool: PoolConfig, args: argparse.Namespace)
                               metrics_port=pool.metrics_port if args.metrics_port is None
                               else args.metrics_port, metrics_host=args.metrics_host, classifier=classifier,
                               sealer=sealer,
-                              flush=FlushPolicy(pool.flush_ms / 1000, pool.flush_tokens, pool.flush_on_time,
-                                                pool.flush_together, pool.stream_interval),
+                              flush=flush_policy(pool),
                               on_ready=lambda w: print(f"worker ready pool={pool.name} "
                                                        f"metrics_port={w.metrics_port}", flush=True))
     sealer.keys.start()  # heard from the first request on, so a live key is read once
@@ -102,10 +101,15 @@ def _stand_ins(settings: Settings, pools: dict[str, Any], pool: Any, engine: Any
         return GenerationWorker(settings, Limits(name, other.served_model_name, other.max_model_len), engine,
                                 capacity or pool.held_requests, worker_id=f"{worker.worker_id}+{name}",
                                 classifier=classifier, sealer=worker.sealer, stand_in_from=pool.name,
-                                flush=FlushPolicy(other.flush_ms / 1000, other.flush_tokens,
-                                                  other.flush_on_time, other.flush_together,
-                                                  other.stream_interval))
+                                flush=flush_policy(other))
 
     watch = StandIns(aioredis.Redis.from_url(settings.redis_url),
                      {name: topics.group(GENERATION, name) for name in covered}, make, worker.engine_died)
     return asyncio.create_task(watch.run(), name="stand-ins")
+
+
+def flush_policy(pool: PoolConfig) -> FlushPolicy:
+    """How the pool's workers make records of a reply's tokens (consumers/generation/coalescing.py)."""
+    return FlushPolicy(window_s=pool.flush_ms / 1000, max_tokens=pool.flush_tokens, on_time=pool.flush_on_time,
+                       together=pool.flush_together, stream_interval=pool.stream_interval,
+                       drain_at_tick=pool.flush_drain)

@@ -5,6 +5,7 @@ Loads SmolLM2-135M-Instruct once for the module, converting it from the GGUF fir
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 
@@ -82,6 +83,69 @@ async def test_a_stream_interval_hands_over_tokens_several_at_a_time_with_the_sa
     assert "".join(o.text for o in four) == "".join(o.text for o in one)
     assert [lp.token for o in four for lp in o.logprobs or []] == [lp.token for o in one for lp in o.logprobs or []]
     assert four[-1].finished and not any(o.finished for o in four[:-1])
+
+
+class _Gate:
+    """Opens when the test says, or when the engine wakes it at the request's finish."""
+
+    def __init__(self) -> None:
+        self.opened, self.waits, self.wakes = asyncio.Event(), 0, 0
+
+    async def wait(self) -> None:
+        self.waits += 1
+        await self.opened.wait()
+        self.opened.clear()
+
+    def wake(self) -> None:
+        self.wakes += 1
+        self.opened.set()
+
+
+async def test_a_gated_reader_gets_the_outputs_made_meanwhile_joined_and_the_finish_wakes_it(
+        engine: VllmEngine) -> None:
+    """The worker's loop waits on its flush group's tick between outputs: vLLM's collector joins the outputs
+    made meanwhile into one, and a finish opens the gate without a tick."""
+    prompt, sampling = engine.apply_chat_template(STORY), Sampling(ignore_eos=True, logprobs=1)
+    async with asyncio.timeout(120):
+        plain = [out async for out in engine.generate(uuid.uuid4().hex, prompt, 24, 0, sampling)]
+    gate, gated = _Gate(), list[StepOutput]()
+
+    async def read() -> None:
+        async for out in engine.generate(uuid.uuid4().hex, prompt, 24, 0, sampling, gate=gate):
+            gated.append(out)
+
+    reader = asyncio.create_task(read())
+    async with asyncio.timeout(120):
+        while not gated:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # several steps made behind the closed gate
+        assert len(gated) == 1 and gate.waits == 1
+        gate.opened.set()  # one tick
+        while len(gated) < 2:
+            await asyncio.sleep(0.01)
+        await reader  # no more ticks: the finish opens the gate
+    assert len(gated[1].token_ids) > 1 and gate.wakes == 1 and gated[-1].finished
+    assert len(gated) <= 3 < len(plain)
+    assert [t for o in gated for t in o.token_ids] == [t for o in plain for t in o.token_ids]
+    assert "".join(o.text for o in gated) == "".join(o.text for o in plain)
+    assert [lp.token for o in gated for lp in o.logprobs or []] == [lp.token for o in plain for lp in o.logprobs or []]
+
+
+async def test_a_gated_reader_that_walks_away_frees_its_sequence(engine: VllmEngine) -> None:
+    gate = _Gate()
+    stream = engine.generate(uuid.uuid4().hex, engine.apply_chat_template(STORY), 400, 0,
+                             Sampling(ignore_eos=True), gate=gate)
+    async with asyncio.timeout(120):
+        await anext(stream)
+        waiting = asyncio.create_task(anext(stream))  # parked at the gate
+        await asyncio.sleep(0.2)
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        await stream.aclose()
+        while engine._llm.output_processor.has_unfinished_requests():  # aborted: vLLM forgets it
+            await asyncio.sleep(0.05)
+    assert "Paris" in "".join(s.text for s in await _run(engine, QUESTION, 32))  # the engine still serves
 
 
 async def test_identical_long_prompt_hits_the_prefix_cache(engine: VllmEngine) -> None:

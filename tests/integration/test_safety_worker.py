@@ -123,7 +123,9 @@ async def test_held_text_passed_by_its_check_comes_a_record_a_chunk(worker: tupl
     """The free plan's text is shown only once its chunk passes the check, so it is written a record a chunk:
     a record a flush window would be shown no sooner, and cost a record and an event each."""
     svc, _ = worker
-    events = await _generate(svc, "free", question="What is the capital of France?", max_tokens=40)
+    # Several sentences: the worker takes the engine's outputs a flush tick at a time (joined), so a one-sentence
+    # answer can come in one record with its finish.
+    events = await _generate(svc, "free", question="Describe Paris in three short sentences.", max_tokens=60)
     steps, retracted, finished = _parts(events)
     assert retracted is None and finished.status in ("complete", "length") and len(steps) >= 2
     assert "".join(s.text for s in steps) == finished.text

@@ -21,6 +21,7 @@ from consumers.generation.flush_clock import FlushClock
 from consumers.generation.metrics import WorkerMetrics
 from consumers.generation.recovery import Saved
 from consumers.generation.reply_run import ReplyRun
+from consumers.generation.sim_engine import _Slot
 from consumers.safety.classifier import Verdict
 from consumers.safety.output import OutputGuard
 from infra.config.safety import PlanPolicy
@@ -70,20 +71,45 @@ class _Finisher:
         self.finished.append(event)
 
 
+async def _delivered(gid: str, script: list[tuple[float, str, bool]], gate: Any,
+                     arrived: list[float]) -> AsyncIterator[StepOutput]:
+    """Outputs made on the script's schedule whoever reads them, as an engine's are, handed over as the
+    simulated engine does (those not taken yet joined into one); with a gate, read at its ticks."""
+    slot = _Slot(gate)
+
+    async def make() -> None:
+        for i, (delay, text, finished) in enumerate(script):
+            await asyncio.sleep(delay)
+            arrived.append(time.monotonic())
+            slot.put(StepOutput(request_id=gid, token_ids=(i + 1,), text=text, finished=finished,
+                                finish_reason="stop" if finished else None))
+
+    maker = asyncio.create_task(make())
+    try:
+        finished = False
+        while not finished:
+            out = await slot.get()
+            finished = out.finished
+            yield out
+            if gate is not None and not finished:
+                await gate.wait()
+    finally:
+        maker.cancel()
+
+
 class _Engine:
     """Outputs at scripted delays: (seconds before it, text, finished)."""
 
     def __init__(self, script: list[tuple[float, str, bool]]) -> None:
         self.script, self.arrived, self.intervals = script, list[float](), list[int]()
+        self.handed = 0  # outputs the reply's loop took (joined ones count once)
 
     async def generate(self, gid: str, prompt: list[int], max_tokens: int, priority: int,
-                       sampling: Any) -> AsyncIterator[StepOutput]:
+                       sampling: Any, gate: Any = None) -> AsyncIterator[StepOutput]:
         self.intervals.append(sampling.stream_interval)
-        for i, (delay, text, finished) in enumerate(self.script):
-            await asyncio.sleep(delay)
-            self.arrived.append(time.monotonic())
-            yield StepOutput(request_id=gid, token_ids=(i + 1,), text=text, finished=finished,
-                             finish_reason="stop" if finished else None)
+        async for out in _delivered(gid, self.script, gate, self.arrived):
+            self.handed += 1
+            yield out
 
     async def abort(self, gid: str) -> None:
         pass
@@ -182,11 +208,9 @@ class _Engines(_Engine):
         self.scripts = scripts
 
     async def generate(self, gid: str, prompt: list[int], max_tokens: int, priority: int,
-                       sampling: Any) -> AsyncIterator[StepOutput]:
-        for i, (delay, text, finished) in enumerate(self.scripts[gid]):
-            await asyncio.sleep(delay)
-            yield StepOutput(request_id=gid, token_ids=(i + 1,), text=text, finished=finished,
-                             finish_reason="stop" if finished else None)
+                       sampling: Any, gate: Any = None) -> AsyncIterator[StepOutput]:
+        async for out in _delivered(gid, self.scripts[gid], gate, []):
+            yield out
 
 
 async def _two_replies(flush: FlushPolicy) -> dict[str, list[float]]:
@@ -238,6 +262,24 @@ async def test_together_a_reply_that_had_nothing_at_a_tick_leaves_at_its_next_ou
     records = _tokens(producer)
     assert [text for _, text in records] == ["a", "b", "c", "d"]
     assert records[2][0] - engine.arrived[2] < 0.01
+
+
+async def test_drained_at_the_tick_the_loop_wakes_once_a_window_and_at_once_for_the_finish() -> None:
+    # 31 outputs 10 ms apart; a window of 80 ms. Drained, the loop takes the first output, then one joined
+    # output a tick of its group, then the finish as it is made; taking each output, it wakes 31 times.
+    script = [(0.01, "x", False)] * 30 + [(0.01, "y", True)]
+    window = FlushPolicy(window_s=0.08, max_tokens=64)
+    assert window.drain_at_tick
+    crew, drained, producer = await _run(window, script=script)
+    records = _tokens(producer)
+    assert "".join(text for _, text in records) == "x" * 30 + "y"
+    assert drained.handed == len(records) <= 7, (drained.handed, len(records))
+    assert records[-1][0] - drained.arrived[-1] < 0.015  # the finish woke the loop: no wait for a tick
+    for a, b in itertools.pairwise([at for at, _ in records[1:-1]]):
+        assert 0.05 < b - a < 0.12  # a window apart
+    assert not crew.clock.runs and not crew.clock._waiting
+    _, each, again = await _run(FlushPolicy(window_s=0.08, max_tokens=64, drain_at_tick=False), script=script)
+    assert each.handed == 31 and "".join(text for _, text in _tokens(again)) == "x" * 30 + "y"
 
 
 async def test_a_reply_asks_the_engine_for_as_many_tokens_a_hand_over_as_the_pace_fits_in_the_window() -> None:
