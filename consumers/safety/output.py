@@ -23,7 +23,9 @@ from topics.clients import send
 
 log = logging.getLogger(__name__)
 
-SENTENCE_END = re.compile(r"([.!?…][\"')\]*_]*\s*|\n\s*)$")
+# A sentence ends in a step's text: at its end, or inside it when the engine handed over several tokens at once
+# (the worker takes a window of them at its flush tick), so a chunk still ends at the first sentence end.
+SENTENCE_BREAK = re.compile(r"[.!?…][\"')\]*_]*(?:\s|$)|\n")
 OVERLAP_CHARS = 80  # of the previous chunk, classified again with the next one
 
 
@@ -44,12 +46,13 @@ class OutputGuard:
         self.held.append(event)
 
     def add(self, text: str, tokens: int, final: bool) -> bool:
-        """Take one step's text; True when the chunk it completes should be classified now."""
+        """Take one hand-over's text (one or several tokens); True when the chunk it completes (or passes) should
+        be classified now."""
         self.text.append(text)
         self.tokens += tokens
         if not self.tokens and not "".join(self.text).strip():
             return False
-        return final or self.tokens >= self.policy.chunk_tokens or bool(SENTENCE_END.search("".join(self.text)))
+        return final or self.tokens >= self.policy.chunk_tokens or bool(SENTENCE_BREAK.search(text))
 
     def window(self) -> str:
         return self.previous[-OVERLAP_CHARS:] + "".join(self.text)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.safety.output import SENTENCE_END
+from consumers.safety.output import SENTENCE_BREAK
 from infra.config.settings import Settings
 from infra.local.topology import ensure_topics
 from infra.stores import keys
@@ -132,7 +132,7 @@ async def test_held_text_passed_by_its_check_comes_a_record_a_chunk(worker: tupl
     assert sum(len(s.token_ids) for s in steps) == finished.usage.completion_tokens
     chunk_tokens = 8  # tests/integration/data/safety.toml, plans.free
     for s in steps[:-1]:  # each a whole chunk: its token count reached, or a sentence ended
-        assert len(s.token_ids) >= chunk_tokens or SENTENCE_END.search(s.text), (s.seq, len(s.token_ids), s.text)
+        assert len(s.token_ids) >= chunk_tokens or SENTENCE_BREAK.search(s.text), (s.seq, len(s.token_ids), s.text)
 
 
 async def test_new_rules_apply_without_restarting_the_worker(worker: tuple[Service, Proc], rules_file: Path) -> None:

@@ -136,6 +136,17 @@ def test_chunks_end_at_sentences_token_counts_and_the_end() -> None:
     assert not OutputGuard(PlanPolicy()).add("", 0, False)
 
 
+def test_a_sentence_that_ends_inside_a_hand_over_of_several_tokens_closes_the_chunk() -> None:
+    guard = OutputGuard(PlanPolicy(chunk_tokens=24))
+    assert not guard.add("It costs 3.5 euros", 5, False)  # a decimal point ends nothing
+    assert guard.add(" a day. Most", 4, False)  # the sentence ended mid-way: checked now, not 24 tokens on
+    assert guard.window() == "It costs 3.5 euros a day. Most"
+    guard.passed()
+    assert not guard.add(" people", 1, False)
+    assert guard.add(" walk!\n", 2, False) and guard.passed() == []
+    assert guard.add("First line\nsecond", 3, False)  # a line break inside
+
+
 def test_hold_back_releases_a_chunks_steps_only_after_it_passed() -> None:
     guard = OutputGuard(PlanPolicy(hold_back_sentences=1))
     assert guard.holds and not OutputGuard(PlanPolicy()).holds
