@@ -137,3 +137,21 @@ class FakeEngine:
         return StepOutput(request_id=request_id, token_ids=tuple(ids), text=self._tokenizer.decode(ids),
                           finished=reason is not None, finish_reason=reason, prompt_tokens=len(prompt),
                           cached_prompt_tokens=cached)
+
+
+class ManualGate:
+    """An engine ``Gate`` that opens when a test sets ``opened`` (a tick), or when the engine wakes it at a
+    finish; counts both."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+        self.waits = self.wakes = 0
+
+    async def wait(self) -> None:
+        self.waits += 1
+        await self.opened.wait()
+        self.opened.clear()
+
+    def wake(self) -> None:
+        self.wakes += 1
+        self.opened.set()

@@ -177,15 +177,11 @@ class VllmEngine:
                     yield _step_output(request_id, len(prompt_token_ids), out, sampling.logprobs)
                 if gate is not None and not finished:
                     await gate.wait()
-        except (asyncio.CancelledError, GeneratorExit):  # the reader walked away: free the sequence
-            if queue is not None:
-                await self._llm.abort(queue.request_id, internal=True)
-            raise
         except VLLMValidationError as exc:
             raise RequestRejected(str(exc)) from exc
         except EngineDeadError as exc:
             raise EngineDead(f"the {self.pool.name} engine stopped: {exc}") from exc
-        except Exception:
+        except (asyncio.CancelledError, GeneratorExit, Exception):  # the reader walked away, or a failure: free it
             if queue is not None:
                 await self._llm.abort(queue.request_id, internal=True)
             raise

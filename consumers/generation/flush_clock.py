@@ -82,10 +82,14 @@ class FlushClock:
         group = self.runs.get(run)
         return -1 if group is None else self._group_ticks[group]
 
-    def wake(self, run: OnTime) -> None:
+    def wake(self, run: OnTime) -> bool:
+        """Wake ``run``'s loop if it waits for its tick; False if it was not waiting."""
         waiter = self._waiting.pop(run, None)
-        if waiter is not None and not waiter.done():
+        if waiter is None:
+            return False
+        if not waiter.done():
             waiter.set_result(None)
+        return True
 
     async def until_tick(self, run: OnTime) -> None:
         if run not in self.runs:
@@ -151,7 +155,5 @@ class Gate:
         self.seen, self.woken = ticks, False
 
     def wake(self) -> None:
-        if self.run in self.clock._waiting:
-            self.clock.wake(self.run)
-        else:
+        if not self.clock.wake(self.run):
             self.woken = True

@@ -159,9 +159,8 @@ class ReplyRun:
 
     async def _outputs(self, sampling: Any, lane_tokens: Any) -> Ran | None:
         crew, req, gen, state, guard = self.crew, self.req, self.gen, self.state, self.guard
-        gated = {} if self.gate is None else {"gate": self.gate}
         async for out in crew.engine.generate(req.generation_id, gen.prompt_token_ids, gen.max_tokens,
-                                              gen.priority, sampling, **gated):
+                                              gen.priority, sampling, gate=self.gate):
             if self._late is not None:
                 raise self._late
             now = time.time()

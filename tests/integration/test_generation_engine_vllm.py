@@ -15,6 +15,7 @@ from consumers.generation.engine import RequestRejected, StepOutput, VllmEngine
 from consumers.generation.sampling import Sampling
 from infra.config.settings import Settings
 from infra.local.model import ready_pool as load_pool
+from tests.fakes import ManualGate
 from tests.tools import needs_engine
 
 needs_engine()
@@ -85,21 +86,6 @@ async def test_a_stream_interval_hands_over_tokens_several_at_a_time_with_the_sa
     assert four[-1].finished and not any(o.finished for o in four[:-1])
 
 
-class _Gate:
-    """Opens when the test says, or when the engine wakes it at the request's finish."""
-
-    def __init__(self) -> None:
-        self.opened, self.waits, self.wakes = asyncio.Event(), 0, 0
-
-    async def wait(self) -> None:
-        self.waits += 1
-        await self.opened.wait()
-        self.opened.clear()
-
-    def wake(self) -> None:
-        self.wakes += 1
-        self.opened.set()
-
 
 async def test_a_gated_reader_gets_the_outputs_made_meanwhile_joined_and_the_finish_wakes_it(
         engine: VllmEngine) -> None:
@@ -108,7 +94,7 @@ async def test_a_gated_reader_gets_the_outputs_made_meanwhile_joined_and_the_fin
     prompt, sampling = engine.apply_chat_template(STORY), Sampling(ignore_eos=True, logprobs=1)
     async with asyncio.timeout(120):
         plain = [out async for out in engine.generate(uuid.uuid4().hex, prompt, 24, 0, sampling)]
-    gate, gated = _Gate(), list[StepOutput]()
+    gate, gated = ManualGate(), list[StepOutput]()
 
     async def read() -> None:
         async for out in engine.generate(uuid.uuid4().hex, prompt, 24, 0, sampling, gate=gate):
@@ -132,7 +118,7 @@ async def test_a_gated_reader_gets_the_outputs_made_meanwhile_joined_and_the_fin
 
 
 async def test_a_gated_reader_that_walks_away_frees_its_sequence(engine: VllmEngine) -> None:
-    gate = _Gate()
+    gate = ManualGate()
     stream = engine.generate(uuid.uuid4().hex, engine.apply_chat_template(STORY), 400, 0,
                              Sampling(ignore_eos=True), gate=gate)
     async with asyncio.timeout(120):
