@@ -45,5 +45,6 @@ ENGINE = ("parley_worker_running_sequences", "parley_worker_waiting_sequences", 
           "parley_worker_prefix_cache_hit_ratio", "parley_worker_tokens_total", "parley_worker_prompt_tokens_total",
           "parley_worker_cached_prompt_tokens_total", "parley_worker_busy_seconds_total",
           "parley_worker_replies_total", "parley_worker_ttft_seconds_sum", "parley_worker_ttft_seconds_count",
-          "parley_worker_inter_token_seconds_sum", "parley_worker_inter_token_seconds_count")
+          "parley_worker_inter_token_seconds_sum", "parley_worker_inter_token_seconds_count",
+          "parley_worker_sim_cpu_seconds")
 STAGES = ("parley_kafka_consumer_lag_records",)

@@ -88,6 +88,10 @@ def cpu_table(r: dict[str, Any]) -> Table:
         s = cpu[key]
         table.add_row(f"[bold]{label}[/bold]", _f(s["less_idle_s"], 2), "", "", _f(s["ms_per_request"], 2),
                       _f(s["ms_per_token"], 4))
+    sim = cpu.get("engine", {})
+    if sim.get("cpu_s"):
+        table.add_row("  of which the simulated engine", _f(sim["cpu_s"], 2), "", "", _f(sim["ms_per_request"], 2),
+                      _f(sim["ms_per_token"], 4))
     return table
 
 

@@ -55,7 +55,8 @@ def _measured() -> report.Measured:
     return report.Measured(records, 1000.0, cpu.Window(10.0, {"gateway": 0.1, "kafka": 1.0, "loadgen": 0.0}),
                            cpu.Window(5.0, {"gateway": 0.45, "kafka": 1.5, "loadgen": 2.0}), token_records=12,
                            statements={"write messages": 8, "read users": 4}, engine_before={"large": {engine: 10.0}},
-                           engine_after={"large": {engine: 34.0}}, planned_s=5.0)
+                           engine_after={"large": {engine: 34.0, "parley_worker_sim_cpu_seconds": 0.3}},
+                           planned_s=5.0)
 
 
 def test_report_has_the_figures_the_issue_asks_for() -> None:
@@ -71,8 +72,10 @@ def test_report_has_the_figures_the_issue_asks_for() -> None:
     assert gateway["less_idle_s"] == 0.4 and gateway["ms_per_request"] == 100.0
     assert r["cpu"]["service"]["less_idle_s"] == pytest.approx(1.4)  # the client's own CPU left out
     assert r["cpu"]["without_backbone"]["less_idle_s"] == pytest.approx(0.4)
+    assert r["cpu"]["engine"]["cpu_s"] == pytest.approx(0.3)  # the simulator's own, inside its worker
     row = report.headline(r)
     assert row["records_per_token"] == 0.5 and row["statements_per_request"] == 3.0
+    assert row["cpu_s"]["service less engine"] == pytest.approx(1.1)
 
 
 def test_per_second_series() -> None:
