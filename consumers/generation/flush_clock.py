@@ -25,8 +25,9 @@ output as it comes, which woke its task once per engine step for every running r
 CPU at the seeds' load was the event loop's wake-ups). It waits on its ``Gate`` instead, which opens at its
 group's tick, or at once when the engine has finished the request; meanwhile the engine joins the request's
 outputs into one (vLLM's collector merges unread delta outputs). So each reply's loop runs once a window:
-counting, the output check's text and the record for all the steps of that window at once. Held-back replies
-are gated too (their sentence is checked at the tick after it completes, at most a window later).
+counting, the output check's text and the record for all the steps of that window at once, made by the loop as
+it takes them; the clock only opens the gates. Held-back replies are gated too (their sentence is checked at the
+tick after it completes, at most a window later).
 """
 from __future__ import annotations
 
@@ -144,12 +145,14 @@ class Gate:
 
     def __init__(self, clock: FlushClock, run: OnTime) -> None:
         self.clock, self.run = clock, run
-        self.seen = clock.ticks_of(run)
+        self.seen: int | None = None  # the group's ticks when the loop last passed; None before its first output
         self.woken = False  # the engine finished the request while the loop was busy
 
     async def wait(self) -> None:
         ticks = self.clock.ticks_of(self.run)
-        if ticks == self.seen and not self.woken:
+        # After the first output (sent at once), the next tick: the ticks while the prompt waited and prefilled
+        # do not count, or the second record would follow the first by a step, not by up to a window.
+        if (ticks == self.seen or self.seen is None) and not self.woken:
             await self.clock.until_tick(self.run)
             ticks = self.clock.ticks_of(self.run)
         self.seen, self.woken = ticks, False

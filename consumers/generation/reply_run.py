@@ -143,10 +143,9 @@ class ReplyRun:
                                                        max_tokens=gen.max_tokens),
                                            stream_interval=crew.pace.interval(crew.flush))
         lane_tokens = crew.metrics.lane_tokens.labels(pool=crew.limits.pool, lane=req.lane)  # once, not per output
-        if crew.clock.drains:  # every reply's loop wakes at its group's tick (held-back text is checked then)
-            crew.clock.follow(self)
+        if crew.clock.drains:  # every reply's loop wakes at its group's tick and makes its record then (held-back
+            crew.clock.follow(self)  # text is checked then); the clock only opens the gate
             self.gate = crew.clock.gate(self)
-            self._on_clock = not self.held
         elif not self.held:  # held-back text waits for its check, not for the clock
             crew.clock.follow(self)
             self._on_clock = True
@@ -232,12 +231,10 @@ class ReplyRun:
                                                   state.first_token_at, block))
 
     def _ticked(self) -> bool:
-        """Drained at the tick: the loop woke for its group's tick (what the engine made since the last one is
-        this window's record), not only when the window has passed since the last record's own time."""
-        if self.gate is None or self.held:
-            return False
-        last = self.state.batch.last_flush
-        return last is None or self.crew.clock.last_tick_of(self) > last
+        """Drained at the tick: every output after the first is taken at a tick of the reply's group (or is the
+        finish), so what it brings is this window's record, made at once. (Left for the clock's next tick, each
+        record went out a window after its tokens were taken.)"""
+        return self.gate is not None and not self.held
 
     def _by_window(self) -> bool:
         """Whether the loop flushes this reply once its window has passed. Not while the clock flushes every

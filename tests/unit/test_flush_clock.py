@@ -282,6 +282,22 @@ async def test_drained_at_the_tick_the_loop_wakes_once_a_window_and_at_once_for_
     assert each.handed == 31 and "".join(text for _, text in _tokens(again)) == "x" * 30 + "y"
 
 
+async def test_drained_a_record_leaves_when_its_tokens_are_taken_even_after_ticks_before_the_first() -> None:
+    # The prompt waits 100 ms (its group ticks meanwhile), then a token every 10 ms. Each record leaves within a
+    # few ms of its newest token being made: the loop makes it at the tick that takes it, not the clock a window
+    # later (which, once it had happened, kept every later record a window behind).
+    script = [(0.1, "a", False)] + [(0.01, "x", False)] * 40 + [(0.01, "y", True)]
+    _, engine, producer = await _run(FlushPolicy(window_s=0.08, max_tokens=64), script=script)
+    shown, stale = 0, []
+    for at, text in _tokens(producer):
+        shown += len(text)
+        stale.append(at - engine.arrived[shown - 1])
+    assert shown == 42 and len(stale) >= 5
+    assert max(stale) < 0.03, stale
+    gaps = [b - a for a, b in itertools.pairwise([at for at, _ in _tokens(producer)][1:-1])]
+    assert all(0.05 < g < 0.12 for g in gaps), gaps  # still a window apart
+
+
 async def test_a_reply_asks_the_engine_for_as_many_tokens_a_hand_over_as_the_pace_fits_in_the_window() -> None:
     steady = [(0.0, "a", False)] + [(0.005, f" w{i}", False) for i in range(30)] + [(0.005, ".", True)]
     by_pace = FlushPolicy(window_s=0.05, max_tokens=16, stream_interval=0)
