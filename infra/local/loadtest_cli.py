@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--flush-drain", choices=("on", "off"), default=None,
                         help="--scenario: every pool's reply loops take their outputs at their flush tick (on) or "
                              "at every engine output (off) (default: each scenario's own)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="--scenario marginal: play its two steps this many times in turn (the split is the "
+                             "mean of the pairs, with their range)")
     parser.add_argument("--keyspace", default=KEYSPACE, help="--scenario: the private service's keyspace")
     parser.add_argument("--summary", type=Path, default=None, help="--scenario: also write the summary here")
 
@@ -98,7 +101,7 @@ def _target(svc: PrivateService, settings: Settings) -> loadrun.Target:
 
 
 async def _scenario(args: argparse.Namespace) -> int:
-    knobs = scenarios.Knobs(args.duration, args.rate_scale, args.seed)
+    knobs = scenarios.Knobs(args.duration, args.rate_scale, args.seed, args.repeat)
     steps = scenarios.SCENARIOS[args.scenario](knobs)
     if args.stream_interval is not None:
         steps = [scenarios.with_stream_interval(step, args.stream_interval) for step in steps]
@@ -167,11 +170,13 @@ def _conclude(name: str, rows: list[dict[str, Any]], steps: list[scenarios.Step]
         verdict["policies"] = {r["step"]: {k: r.get(k) for k in ("prefix_hit_rate", "ttft_ms_p50", "ttft_ms_p99",
                                                                    "queue_max_over_mean", "completed", "sent")}
                                for r in rows}
-    if name == "marginal" and len(rows) == 2:
-        verdict["split"] = scenarios.split_cost(rows[0], rows[1])
+    if name == "marginal" and len(rows) >= 2:
+        verdict["split"] = scenarios.split_costs(rows)
+        verdict["pairs"] = [scenarios.split_cost(a, b) for a, b in zip(rows[0::2], rows[1::2], strict=False)]
         for proc, cost in verdict["split"].items():
             if isinstance(cost, dict):
-                print(f"  {proc:>15}: {cost['ms_per_token']:.4f} ms a token, {cost['ms_per_request']:.1f} ms a request")
+                print(f"  {proc:>19}: {cost['ms_per_token']:.4f} ms a token ({cost['min']:.4f} to {cost['max']:.4f}),"
+                      f" {cost['ms_per_request']:.1f} ms a request")
     if verdict:
         print(json.dumps(verdict))
     loadrun.RESULTS.mkdir(parents=True, exist_ok=True)

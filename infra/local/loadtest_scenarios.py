@@ -35,6 +35,7 @@ class Knobs:
     duration_s: float | None = None  # each phase at most this long
     rate_scale: float = 1.0
     seed: int = 0
+    repeat: int = 1  # the marginal scenario's pair of steps, played this many times in turn
 
 
 def with_stream_interval(step: Step, interval: int) -> Step:
@@ -131,9 +132,10 @@ def marginal(knobs: Knobs) -> list[Step]:
     flush window: the CPU the longer replies add, over the tokens they add, is what a token costs; the rest is
     what a request costs."""
     load = _shape(Load((Phase(60, 2.0),), max_turns=1, drain_s=120), knobs)
-    return [Step(f"replies ~{n} tokens", ServiceSpec({"large": replace(REPLICA, sim={"reply_tokens": n}),
-                                                      "small": SMALL}), load)
-            for n in MARGINAL_REPLIES]
+    rounds = max(1, knobs.repeat)
+    return [Step(f"replies ~{n} tokens" + (f" ({i + 1})" if rounds > 1 else ""),
+                 ServiceSpec({"large": replace(REPLICA, sim={"reply_tokens": n}), "small": SMALL}), load)
+            for i in range(rounds) for n in MARGINAL_REPLIES]
 
 
 def split_cost(short: dict[str, Any], long: dict[str, Any]) -> dict[str, Any]:
@@ -147,6 +149,21 @@ def split_cost(short: dict[str, Any], long: dict[str, Any]) -> dict[str, Any]:
         per_token = (long["cpu_s"][name] - short["cpu_s"][name]) / tokens
         per_request = (short["cpu_s"][name] - per_token * short["tokens_delivered"]) / short["completed"]
         out[name] = {"ms_per_token": round(per_token * 1e3, 4), "ms_per_request": round(per_request * 1e3, 1)}
+    return out
+
+
+def split_costs(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``split_cost`` of each (short, long) pair of steps in turn, and per process the mean of the pairs with
+    their lowest and highest: one pair's figure moves with whatever else the machine did in those minutes."""
+    splits = [split_cost(short, long) for short, long in zip(rows[0::2], rows[1::2], strict=False)]
+    out: dict[str, Any] = {"pairs": len(splits), "tokens_added": sum(s["tokens_added"] for s in splits)}
+    for name in (splits[0] if splits else {}):
+        runs = [s[name] for s in splits if isinstance(s.get(name), dict)]
+        if name == "tokens_added" or len(runs) != len(splits):
+            continue
+        tokens = [r["ms_per_token"] for r in runs]
+        out[name] = {"ms_per_token": round(sum(tokens) / len(tokens), 4), "min": min(tokens), "max": max(tokens),
+                     "ms_per_request": round(sum(r["ms_per_request"] for r in runs) / len(runs), 1)}
     return out
 
 

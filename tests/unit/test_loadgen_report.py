@@ -175,3 +175,16 @@ def test_two_reply_lengths_split_the_cost_into_a_token_and_a_request() -> None:
     assert split["service"] == {"ms_per_token": 0.05, "ms_per_request": 20.0}
     assert split["gateway-0"] == {"ms_per_token": 0.0, "ms_per_request": 10.0}  # it did no more for longer replies
     assert scenarios.SCENARIOS["marginal"](scenarios.Knobs())[0].load.phases[0].rate == 2.0
+
+
+def test_repeated_pairs_give_the_mean_split_and_its_range() -> None:
+    steps = scenarios.SCENARIOS["marginal"](scenarios.Knobs(repeat=2))
+    assert [s.label for s in steps] == ["replies ~320 tokens (1)", "replies ~1280 tokens (1)",
+                                        "replies ~320 tokens (2)", "replies ~1280 tokens (2)"]
+    short = {"completed": 100, "tokens_delivered": 32_000, "cpu_s": {"service": 3.6}}
+    rows = [short, {"completed": 100, "tokens_delivered": 128_000, "cpu_s": {"service": 8.4}},  # 0.05 a token
+            short, {"completed": 100, "tokens_delivered": 128_000, "cpu_s": {"service": 12.24}}]  # 0.09
+    split = scenarios.split_costs(rows)
+    assert split["pairs"] == 2 and split["tokens_added"] == 192_000
+    assert split["service"]["ms_per_token"] == pytest.approx(0.07)
+    assert (split["service"]["min"], split["service"]["max"]) == (0.05, 0.09)
