@@ -109,7 +109,8 @@ class FlushClock:
 
     async def tick(self) -> None:
         """Flush the followed replies of this tick's group (together), or every followed reply whose window will
-        have passed by the next tick (up to a tick early, never late); each reply keeps its records in order."""
+        have passed by the next tick (up to a tick early, never late); each reply keeps its records in order. Drained:
+        open the gates of this tick's group."""
         group = self._ticks % self.groups
         self._ticks += 1
         self._group_ticks[group] += 1
@@ -117,11 +118,12 @@ class FlushClock:
         for run, of in list(self.runs.items()):
             if of != group:
                 continue
-            try:
-                await run.flush_on_time(now, self.ahead_s)
-            except Exception:  # noqa: BLE001 - a reply keeps its own failure; this is a bug, not an outage
-                log.exception("flush on time failed")
-                self.runs.pop(run, None)
+            if not self.drains:  # drained, each reply's loop makes its own record as it takes its tokens
+                try:
+                    await run.flush_on_time(now, self.ahead_s)
+                except Exception:  # noqa: BLE001 - a reply keeps its own failure; this is a bug, not an outage
+                    log.exception("flush on time failed")
+                    self.runs.pop(run, None)
             self.wake(run)
 
     async def run(self) -> None:

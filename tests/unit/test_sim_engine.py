@@ -158,7 +158,6 @@ async def test_outputs_not_taken_yet_are_joined_into_one_as_vllm_does() -> None:
     await e.close()
 
 
-
 async def test_a_gated_reader_takes_each_window_in_one_output_and_the_finish_wakes_it() -> None:
     e = engine(weights_gb=40.0)
     gate = ManualGate()
