@@ -26,6 +26,9 @@ class FlushPolicy:
     # With groups: each reply's loop takes its engine outputs (joined by the engine) at its group's tick, or at a
     # finish, not at every engine step (flush_clock.py).
     drain_at_tick: bool = True
+    # With groups: how many, one flushed a tick (a tick every window / flush_groups). Each tick costs a Kafka
+    # produce request and a fetch for every reader, most of it in the clients' Python protocol code.
+    flush_groups: int = 2
 
     @property
     def per_step(self) -> bool:
@@ -41,11 +44,10 @@ class FlushPolicy:
 
     @property
     def groups(self) -> int:
-        """Replies flushed together fall into this many groups, one flushed a tick (a quarter of the window)."""
-        return TOGETHER_GROUPS if self.together else 1
+        """Replies flushed together fall into this many groups, one flushed a tick."""
+        return max(1, self.flush_groups) if self.together else 1
 
 
-TOGETHER_GROUPS = 4  # one burst a window made every reader's work arrive at once (see flush_clock.py)
 PACE_SHARE = 0.5  # of a window, what a reply's hand-overs may take: each flush tick still gets at least one
 PACE_WEIGHT = 0.05  # of each new gap in the engine's pace (an exponentially weighted mean over ~20 outputs)
 

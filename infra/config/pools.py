@@ -37,6 +37,7 @@ ENV_FIELDS = {
     "FLUSH_ON_TIME": "flush_on_time",
     "FLUSH_TOGETHER": "flush_together",
     "FLUSH_DRAIN": "flush_drain",
+    "FLUSH_GROUPS": "flush_groups",
     "STREAM_INTERVAL": "stream_interval",
     "ROUTING": "routing",
     "TOOL_PARSER": "tool_parser",
@@ -100,7 +101,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # true: the worker's clock flushes a reply once its window has passed, even mid-step (a long prefill step
     # does not hold the tokens made before it); false: only when the reply's next output arrives.
     flush_on_time: bool = True
-    # true: the clock flushes the worker's replies in four groups, one a quarter window, each a window apart (a
+    # true: the clock flushes the worker's replies in flush_groups groups, one a tick, each a window apart (a
     # Kafka request a tick, not one per reply's window); false: each reply once its own window has passed (a
     # tick every 10 ms).
     flush_together: bool = True
@@ -108,6 +109,9 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # once when it finishes, not at every engine step: the worker wakes once a window per reply, not once a step
     # (the engine joins a reply's outputs meanwhile, as vLLM's collector merges unread ones).
     flush_drain: bool = True
+    # With flush_together: the replies fall into this many groups, one flushed a tick (window / flush_groups
+    # apart). Each tick is a Kafka produce request and a fetch for every gateway reading the topic.
+    flush_groups: int = 2
     # The engine hands the worker a reply's tokens every stream_interval tokens (its first and its last at once),
     # as vLLM's --stream-interval: the worker wakes, counts and checks once per hand-over, not once per token.
     # 0: as many as the engine's recent pace fits in half the flush window when the reply starts (for an engine
@@ -273,6 +277,8 @@ def _build(name: str, merged: dict[str, Any], settings: Settings, path: Path, on
         raise PoolConfigError(f"pool {name!r}: max_num_seqs, max_model_len and kv_cache_gib must be positive")
     if pool.stream_interval < 0:
         raise PoolConfigError(f"pool {name!r}: stream_interval is a count of tokens, or 0 for the engine's pace")
+    if not 1 <= pool.flush_groups <= 32:
+        raise PoolConfigError(f"pool {name!r}: flush_groups is how many groups the flush clock ticks, 1 to 32")
     sim = pool.sim
     if min(sim.weights_gb, sim.hbm_tb_per_s, sim.kv_kb_per_token, sim.free_gb, sim.transfer_gb_per_s) <= 0 \
             or sim.block_size < 1 or sim.prefill_chunk < 0 or sim.reply_tokens < 1 or sim.prefill_s_per_1k < 0:

@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--flush-drain", choices=("on", "off"), default=None,
                         help="--scenario: every pool's reply loops take their outputs at their flush tick (on) or "
                              "at every engine output (off) (default: each scenario's own)")
+    parser.add_argument("--flush-groups", type=int, default=None,
+                        help="--scenario: every pool's flush clock ticks this many groups a window (default: "
+                             "each scenario's own)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="--scenario marginal: play its two steps this many times in turn (the split is the "
                              "mean of the pairs, with their range)")
@@ -107,6 +110,8 @@ async def _scenario(args: argparse.Namespace) -> int:
         steps = [scenarios.with_stream_interval(step, args.stream_interval) for step in steps]
     if args.flush_drain is not None:
         steps = [scenarios.with_flush_drain(step, args.flush_drain == "on") for step in steps]
+    if args.flush_groups is not None:
+        steps = [scenarios.with_flush_groups(step, args.flush_groups) for step in steps]
     settings, rows, svc, spec, previous = Settings.from_env(), [], None, None, None
     try:
         for step in steps:
@@ -148,7 +153,8 @@ async def _restart(svc: PrivateService | None, spec: ServiceSpec, keyspace: str)
 
 def _pools_json(spec: ServiceSpec) -> dict[str, Any]:
     return {n: {"workers": p.workers, "max_num_seqs": p.max_num_seqs, "sim": p.sim, "routing": p.routing,
-                "stream_interval": p.stream_interval, "flush_drain": p.flush_drain} for n, p in spec.pools.items()}
+                "stream_interval": p.stream_interval, "flush_drain": p.flush_drain,
+                "flush_groups": p.flush_groups} for n, p in spec.pools.items()}
 
 
 def _conclude(name: str, rows: list[dict[str, Any]], steps: list[scenarios.Step], also: Path | None) -> None:

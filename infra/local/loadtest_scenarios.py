@@ -50,6 +50,12 @@ def with_flush_drain(step: Step, drain: bool) -> Step:
     return replace(step, service=replace(step.service, pools=pools))
 
 
+def with_flush_groups(step: Step, groups: int) -> Step:
+    """The step with every pool's flush clock ticking ``groups`` groups a window."""
+    pools = {name: replace(pool, flush_groups=groups) for name, pool in step.service.pools.items()}
+    return replace(step, service=replace(step.service, pools=pools))
+
+
 def _shape(load: Load, knobs: Knobs) -> Load:
     phases = tuple(Phase(min(p.seconds, knobs.duration_s or p.seconds), p.rate * knobs.rate_scale)
                    for p in load.phases)
@@ -124,6 +130,16 @@ def tokens(knobs: Knobs) -> list[Step]:
             for label, flush, together, drain in sides]
 
 
+def groups(knobs: Knobs) -> list[Step]:
+    """The replica's load (as ``tokens``) with the shipped flush window, its clock ticking four groups a window
+    and two: two groups make half the Kafka requests (a produce, and a fetch for each reader, a tick), in
+    bursts twice as large."""
+    load = _shape(Load((Phase(60, 4.0),), drain_s=90), knobs)
+    return [Step(f"flush 100 ms, {n} groups", ServiceSpec({"large": replace(REPLICA, flush_groups=n), "small": SMALL}),
+                 load) for n in FLUSH_GROUPS]
+
+
+FLUSH_GROUPS = (4, 2, 1)
 MARGINAL_REPLIES = (320, 1280)  # tokens a reply runs to, about, on each side
 
 
@@ -195,7 +211,8 @@ def latency(knobs: Knobs) -> list[Step]:
 
 SCENARIOS: dict[str, Callable[[Knobs], list[Step]]] = {
     "replica": replica, "stages": stages, "gateway": gateway, "spike": spike, "prefill": prefill,
-    "tokens": tokens, "routing": routing, "latency": latency, "marginal": marginal}
+    "tokens": tokens, "routing": routing, "latency": latency, "marginal": marginal,
+    "groups": groups}
 
 
 PIPELINE_GROUPS = ("admission", "prompt", "scheduler", "settlement", "persistence")

@@ -45,6 +45,7 @@ class SimPool:
     routing: str | None = None  # how the scheduler picks among its workers (None: the shipped default)
     stream_interval: int | None = None  # the engine hands over a reply's tokens this often (None: shipped)
     flush_drain: bool | None = None  # each reply's loop takes its outputs at its flush tick (None: shipped)
+    flush_groups: int | None = None  # the flush clock's groups, one a tick (None: shipped)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def pools_toml(spec: ServiceSpec) -> str:
                     else []),
                   *([f'routing = "{pool.routing}"'] if pool.routing is not None else []),
                   *([f"stream_interval = {pool.stream_interval}"] if pool.stream_interval is not None else []),
-                  *([f"flush_drain = {_toml_value(pool.flush_drain)}"] if pool.flush_drain is not None else []), ""]
+                  *([f"flush_drain = {_toml_value(pool.flush_drain)}"] if pool.flush_drain is not None else []),
+                  *([f"flush_groups = {pool.flush_groups}"] if pool.flush_groups is not None else []), ""]
         if pool.sim:
             lines += [f"[pools.{name}.sim]", *(f"{k} = {_toml_value(v)}" for k, v in pool.sim.items()), ""]
     return "\n".join(lines)

@@ -112,4 +112,4 @@ def flush_policy(pool: PoolConfig) -> FlushPolicy:
     """How the pool's workers make records of a reply's tokens (consumers/generation/coalescing.py)."""
     return FlushPolicy(window_s=pool.flush_ms / 1000, max_tokens=pool.flush_tokens, on_time=pool.flush_on_time,
                        together=pool.flush_together, stream_interval=pool.stream_interval,
-                       drain_at_tick=pool.flush_drain)
+                       drain_at_tick=pool.flush_drain, flush_groups=pool.flush_groups)

@@ -247,6 +247,18 @@ async def test_together_each_group_leaves_on_its_own_tick_a_window_apart() -> No
         assert min(abs(at - other) for other in sent["g1"]) > 0.01, sent
 
 
+async def test_in_two_groups_the_clock_ticks_twice_a_window_and_each_reply_keeps_its_window() -> None:
+    policy = FlushPolicy(window_s=0.08, max_tokens=16, flush_groups=2)
+    assert (policy.groups, policy.tick_s) == (2, 0.04)
+    sent = await _two_replies(policy)
+    assert len(sent["g1"]) >= 2 and len(sent["g2"]) >= 2
+    for gid in sent:  # a window apart (80 ms), not a tick (40 ms)
+        gaps = [b - a for a, b in itertools.pairwise(sent[gid])]
+        assert all(0.05 < g < 0.16 for g in gaps), (gid, gaps)
+    for at in sent["g2"]:  # the second reply is the other group: half a window from the first's burst
+        assert min(abs(at - other) for other in sent["g1"]) > 0.02, sent
+
+
 async def test_each_on_its_own_window_the_replies_records_are_staggered() -> None:
     sent = await _two_replies(FlushPolicy(window_s=0.08, max_tokens=16, together=False))
     assert len(sent["g1"]) >= 2 and len(sent["g2"]) >= 2

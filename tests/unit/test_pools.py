@@ -41,7 +41,8 @@ def test_eager_only_without_a_gpu(settings: Settings) -> None:
 
 def test_env_overrides_one_field_of_one_pool(settings: Settings) -> None:
     env = {"PARLEY_POOL_LARGE_MAX_SEQS": "32", "PARLEY_POOL_SMALL_ENFORCE_EAGER": "false",
-           "PARLEY_POOL_SMALL_KV_CACHE_GIB": "0.5", "PARLEY_POOL_SMALL_STREAM_INTERVAL": "3"}
+           "PARLEY_POOL_SMALL_KV_CACHE_GIB": "0.5", "PARLEY_POOL_SMALL_STREAM_INTERVAL": "3",
+           "PARLEY_POOL_SMALL_FLUSH_GROUPS": "3"}
     pools = _load(settings, env, on_gpu=False)
 
     assert pools["large"].max_num_seqs == 32
@@ -50,6 +51,7 @@ def test_env_overrides_one_field_of_one_pool(settings: Settings) -> None:
     assert pools["small"].kv_cache_bytes == 2**29
     assert (pools["small"].stream_interval, pools["large"].stream_interval) == (3, _load(settings, {}, on_gpu=False)[
         "large"].stream_interval)
+    assert (pools["small"].flush_groups, pools["large"].flush_groups) == (3, 2)
 
 
 def test_pools_file_from_env_and_relative_model_dir(settings: Settings, tmp_path: Path) -> None:
@@ -84,6 +86,7 @@ def test_env_naming_an_unknown_pool_is_refused(settings: Settings) -> None:
     ({"PARLEY_POOL_LARGE_SCHEDULING_POLICY": "lottery"}, r"scheduling_policy"),
     ({"PARLEY_POOL_LARGE_MAX_SEQS": "0"}, "must be positive"),
     ({"PARLEY_POOL_LARGE_STREAM_INTERVAL": "-1"}, "stream_interval is a count of tokens"),
+    ({"PARLEY_POOL_LARGE_FLUSH_GROUPS": "0"}, "flush_groups is how many groups"),
 ])
 def test_bad_values_name_the_pool_and_field(settings: Settings, env: dict[str, str], message: str) -> None:
     with pytest.raises(PoolConfigError, match=message):
