@@ -130,16 +130,18 @@ def tokens(knobs: Knobs) -> list[Step]:
             for label, flush, together, drain in sides]
 
 
+FLUSH_GROUPS = (4, 2, 1)  # the groups scenario's steps: how many groups the flush clock ticks a window
+
+
 def groups(knobs: Knobs) -> list[Step]:
-    """The replica's load (as ``tokens``) with the shipped flush window, its clock ticking four groups a window
-    and two: two groups make half the Kafka requests (a produce, and a fetch for each reader, a tick), in
-    bursts twice as large."""
+    """The replica's load (as ``tokens``) with the shipped flush window, its clock ticking four, two and one
+    group a window: each halving makes half the Kafka requests (a produce, and a fetch for each reader, a
+    tick), in bursts twice as large."""
     load = _shape(Load((Phase(60, 4.0),), drain_s=90), knobs)
     return [Step(f"flush 100 ms, {n} groups", ServiceSpec({"large": replace(REPLICA, flush_groups=n), "small": SMALL}),
                  load) for n in FLUSH_GROUPS]
 
 
-FLUSH_GROUPS = (4, 2, 1)
 MARGINAL_REPLIES = (320, 1280)  # tokens a reply runs to, about, on each side
 
 

@@ -238,7 +238,7 @@ async def _two_replies(flush: FlushPolicy) -> dict[str, list[float]]:
 
 
 async def test_together_each_group_leaves_on_its_own_tick_a_window_apart() -> None:
-    sent = await _two_replies(FlushPolicy(window_s=0.08, max_tokens=16))
+    sent = await _two_replies(FlushPolicy(window_s=0.08, max_tokens=16, flush_groups=4))
     assert len(sent["g1"]) >= 2 and len(sent["g2"]) >= 2
     for gid in sent:  # each reply's records a window apart (80 ms), not a tick (20 ms) or a tenth (8 ms)
         gaps = [b - a for a, b in itertools.pairwise(sent[gid])]
